@@ -1,0 +1,54 @@
+"""Admission gates (ADR decision 6): token buckets, pure and deterministic.
+
+A bucket's state is part of aggregate state and is advanced only by applying
+events, so a restart replays it exactly and never hands out a fresh burst."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass
+class TokenBucket:
+    capacity: float
+    refill_per_sec: float
+    tokens: float
+    updated_at: float
+
+    @classmethod
+    def full(cls, capacity: float, refill_per_sec: float, now: float) -> TokenBucket:
+        return cls(capacity, refill_per_sec, capacity, now)
+
+    def available(self, now: float) -> float:
+        elapsed = max(0.0, now - self.updated_at)
+        return min(self.capacity, self.tokens + elapsed * self.refill_per_sec)
+
+    def retry_after(self, cost: float, now: float) -> float:
+        """Seconds until `cost` tokens are available; 0.0 if they are now.
+
+        A cost above capacity can never be paid: it returns math.inf."""
+        if cost > self.capacity:
+            return math.inf
+        missing = cost - self.available(now)
+        if missing <= 1e-9:
+            return 0.0
+        return missing / self.refill_per_sec
+
+    def take(self, cost: float, now: float) -> None:
+        """Spend `cost` tokens at `now` (called from an event's apply)."""
+        self.tokens = self.available(now) - cost
+        self.updated_at = max(now, self.updated_at)
+
+    def to_state(self) -> list[float]:
+        return [self.capacity, self.refill_per_sec, self.tokens, self.updated_at]
+
+    @classmethod
+    def from_state(cls, s: list[float]) -> TokenBucket:
+        return cls(*s)
+
+
+def retry_after_ms(seconds: float) -> int:
+    if math.isinf(seconds):
+        return -1
+    return max(1, math.ceil(seconds * 1000))

@@ -1,0 +1,74 @@
+"""Parameters of ADR-0003 (SPEC section 3). Plain values; reading them from the
+environment is the job of `fanout.config`, not of the domain."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class SizeBucket(str, Enum):
+    SMALL = "small"
+    MEDIUM = "medium"
+    LARGE = "large"
+
+
+class WritePolicy(str, Enum):
+    ALWAYS = "always"
+    MENTION_ONLY = "mention_only"
+
+
+DAY = 86_400.0
+
+
+@dataclass(frozen=True)
+class Rate:
+    """`count` events per `per_seconds` seconds, e.g. 1 msg / 3 s."""
+
+    count: float
+    per_seconds: float
+
+    @property
+    def per_second(self) -> float:
+        return self.count / self.per_seconds
+
+
+@dataclass(frozen=True)
+class Parameters:
+    max_group_members: int = 100_000
+    small_max_members: int = 1_000
+    medium_max_members: int = 10_000
+    # per_conversation_msg_rate by size bucket (ADR decision 6): 20 / 5 / 2 msg/s
+    rate_small: float = 20.0
+    rate_medium: float = 5.0
+    rate_large: float = 2.0
+    per_sender_in_conversation_rate: Rate = Rate(1, 3.0)
+    # tenant_fanout_quota: a token bucket of mailbox entries per tenant
+    tenant_fanout_quota_capacity: float = 2_000_000.0
+    tenant_fanout_quota_refill_per_sec: float = 400_000.0
+    # T1 / T2 inputs
+    platform_fanout_budget: float = 400_000.0  # entries/s
+    t1_ratio: float = 0.7
+    mailbox_write_budget: float = 400_000.0  # entries/s of the mailbox layer
+    t2_ratio: float = 0.5
+    capacity_window: float = 60.0  # "sustained" = over this whole window, seconds
+    activity_window: float = 7 * DAY
+    policy_switch_exit_ratio: float = 0.8
+    policy_switch_min_interval: float = DAY
+    mailbox_shards: int = 16
+    max_text_length: int = 4_000
+    max_bulk_members: int = 100_000
+
+    def size_bucket(self, member_count: int) -> SizeBucket:
+        if member_count <= self.small_max_members:
+            return SizeBucket.SMALL
+        if member_count <= self.medium_max_members:
+            return SizeBucket.MEDIUM
+        return SizeBucket.LARGE
+
+    def conversation_rate(self, bucket: SizeBucket) -> float:
+        return {
+            SizeBucket.SMALL: self.rate_small,
+            SizeBucket.MEDIUM: self.rate_medium,
+            SizeBucket.LARGE: self.rate_large,
+        }[bucket]

@@ -1,0 +1,56 @@
+"""TenantQuota: the tenant fan-out token bucket, charged with mailbox entries."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID, uuid5
+
+from eventsourcing.domain import Aggregate, event
+
+from domain.admission import TokenBucket
+from domain.params import Parameters
+
+_NS = UUID("0b8c8a52-3f7e-4d6c-8e55-1f7d2a9c4b31")
+
+
+class TenantQuota(Aggregate):
+    @staticmethod
+    def create_id(tenant: str, *_: Any, **__: Any) -> UUID:
+        return uuid5(_NS, f"tenant-quota/{tenant}")
+
+    @event("Created")
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+        self.bucket: list[float] | None = None
+        self.charged_total = 0
+
+    def _bucket(self, params: Parameters, now: float) -> TokenBucket:
+        cap, refill = params.tenant_fanout_quota_capacity, params.tenant_fanout_quota_refill_per_sec
+        if self.bucket is None:
+            return TokenBucket.full(cap, refill, now)
+        b = TokenBucket.from_state(self.bucket)
+        b.capacity, b.refill_per_sec = cap, refill
+        return b
+
+    def retry_after(self, entries: int, now: float, params: Parameters) -> float:
+        return self._bucket(params, now).retry_after(entries, now)
+
+    def charge(self, entries: int, conversation_id: str, params: Parameters, now: float) -> None:
+        self._charged(
+            entries=entries,
+            conversation_id=conversation_id,
+            capacity=params.tenant_fanout_quota_capacity,
+            refill_per_sec=params.tenant_fanout_quota_refill_per_sec,
+            at=now,
+        )
+
+    @event("Charged")
+    def _charged(self, entries: int, conversation_id: str, capacity: float, refill_per_sec: float, at: float) -> None:
+        if self.bucket is None:
+            b = TokenBucket.full(capacity, refill_per_sec, at)
+        else:
+            b = TokenBucket.from_state(self.bucket)
+            b.capacity, b.refill_per_sec = capacity, refill_per_sec
+        b.take(entries, at)
+        self.bucket = b.to_state()
+        self.charged_total += entries

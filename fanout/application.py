@@ -1,0 +1,374 @@
+"""The command side: an eventsourcing Application. Thin: load, call the domain, save.
+
+Commands are serialized by one lock (one writer per event store); aggregates stay
+in the repository cache without deep copies, and any failure evicts what it touched,
+so a half-applied command can never leak into the next one."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+from uuid import UUID
+
+from eventsourcing.application import AggregateNotFoundError, Application
+from eventsourcing.domain import Aggregate
+
+from domain.conversation import Conversation, check_id
+from domain.errors import AlreadyExists, InvalidArgument, NotFound
+from domain.params import Parameters, SizeBucket, WritePolicy
+from domain.policy import DISABLED, TierTerms
+from domain.quota import TenantQuota
+from domain.tier import Review, Tier
+
+A = TypeVar("A", bound=Aggregate)
+
+
+class FanoutApplication(Application[UUID]):
+    name = "fanout"
+    snapshotting_intervals = {Conversation: 200, TenantQuota: 2000, Tier: 200}  # type: ignore[dict-item]
+    env = {"AGGREGATE_CACHE_MAXSIZE": "10000", "DEEPCOPY_FROM_AGGREGATE_CACHE": "n"}
+
+    def __init__(
+        self,
+        params: Parameters,
+        env: dict[str, str] | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        message_sender: Callable[[str, str, int], str | None] | None = None,
+        conversations_in_scope: Callable[[str, str], list[str]] | None = None,
+    ) -> None:
+        super().__init__(env)
+        self.params = params
+        self.clock = clock
+        self.message_sender = message_sender or (lambda tenant, cid, seq: None)
+        self.conversations_in_scope = conversations_in_scope or (lambda tenant, bucket: [])
+        self.lock = threading.RLock()
+        self.saved_listeners: list[Callable[[], None]] = []
+        self._loaded: list[Aggregate] = []
+
+    # -- plumbing ------------------------------------------------------------
+
+    def _find(self, cls: type[A], aggregate_id: UUID) -> A | None:
+        try:
+            found: A = self.repository.get(aggregate_id)  # type: ignore[assignment]
+        except AggregateNotFoundError:
+            return None
+        self._loaded.append(found)
+        return found
+
+    def _conversation(self, tenant: str, conversation_id: str) -> Conversation:
+        conv = self._find(Conversation, Conversation.create_id(tenant, conversation_id))
+        if conv is None:
+            raise NotFound(f"conversation {conversation_id} not found", conversation_id=conversation_id)
+        return conv
+
+    @contextmanager
+    def _unit(self) -> Iterator[list[Aggregate]]:
+        """Collect aggregates to save atomically. On failure, evict from the cache every
+        aggregate the command mutated, so the next command reloads it from the store."""
+        touched: list[Aggregate] = []
+        with self.lock:
+            self._loaded = []
+            try:
+                yield touched
+                if touched:
+                    self.save(*touched)
+            except BaseException:
+                for a in [*touched, *self._loaded]:
+                    if a in touched or getattr(a, "_pending_events", None):
+                        self._evict(a.id)
+                raise
+        if touched:
+            for listener in self.saved_listeners:
+                listener()
+
+    def _evict(self, aggregate_id: UUID) -> None:
+        cache = getattr(self.repository, "cache", None)
+        if cache is not None:
+            try:
+                cache.get(aggregate_id, evict=True)
+            except KeyError:
+                pass
+
+    def _tier(self, tenant: str, size_bucket: str) -> Tier | None:
+        return self._find(Tier, Tier.create_id(tenant, size_bucket))
+
+    def _quota(self, tenant: str) -> TenantQuota:
+        q = self._find(TenantQuota, TenantQuota.create_id(tenant))
+        return q if q is not None else TenantQuota(tenant=tenant)
+
+    def _evaluate(self, conv: Conversation, now: float, touched: list[Aggregate]) -> None:
+        """Run the write-policy state machine and keep the tier's roster in step."""
+        scope = conv.policy_scope or conv.size_bucket(self.params).value
+        tier = self._tier(conv.tenant, scope)
+        terms = tier.terms() if tier is not None else DISABLED
+        switch = conv.evaluate_write_policy(terms, now, self.params)
+        if switch is None or tier is None:
+            return
+        if switch.to is WritePolicy.MENTION_ONLY:
+            tier.conversation_entered(conversation_id=conv.conversation_id)
+        else:
+            tier.conversation_exited(conversation_id=conv.conversation_id)
+        if tier not in touched:
+            touched.append(tier)
+
+    # -- conversations -----------------------------------------------------
+
+    def create_conversation(
+        self, tenant: str, conversation_id: str | None, title: str, members: Sequence[str]
+    ) -> dict[str, Any]:
+        cid = check_id(conversation_id, "conversation_id") if conversation_id is not None else f"c_{uuid.uuid4().hex[:16]}"
+        if not isinstance(title, str) or len(title) > 256:
+            raise InvalidArgument("title must be a string of at most 256 characters", field="title")
+        with self._unit() as touched:
+            if self._find(Conversation, Conversation.create_id(tenant, cid)) is not None:
+                raise AlreadyExists(f"conversation {cid} already exists", conversation_id=cid)
+            now = self.clock()
+            conv = Conversation(tenant=tenant, conversation_id=cid, title=title, at=now)
+            touched.append(conv)
+            if members:
+                self._check_bulk(members)
+                conv.join(members, now, self.params)
+            return {"conversation_id": cid, "title": title, "member_count": len(conv.members)}
+
+    def _check_bulk(self, user_ids: Sequence[str]) -> None:
+        if not isinstance(user_ids, list | tuple) or len(user_ids) > self.params.max_bulk_members:
+            raise InvalidArgument(
+                f"user_ids must be a list of at most {self.params.max_bulk_members} ids", field="user_ids"
+            )
+
+    def add_members(self, tenant: str, conversation_id: str, user_ids: Sequence[str]) -> dict[str, Any]:
+        self._check_bulk(user_ids)
+        with self._unit() as touched:
+            conv = self._conversation(tenant, conversation_id)
+            now = self.clock()
+            added = conv.join(user_ids, now, self.params)
+            if added:
+                touched.append(conv)
+                self._evaluate(conv, now, touched)
+            return {"added": len(added), "member_count": len(conv.members)}
+
+    def remove_member(self, tenant: str, conversation_id: str, user_id: str) -> dict[str, Any]:
+        with self._unit() as touched:
+            conv = self._conversation(tenant, conversation_id)
+            now = self.clock()
+            conv.leave(user_id, now)
+            touched.append(conv)
+            self._evaluate(conv, now, touched)
+            return {"member_count": len(conv.members)}
+
+    def send_message(
+        self,
+        tenant: str,
+        conversation_id: str,
+        *,
+        sender: str,
+        text: str,
+        mentions: Sequence[str] = (),
+        mention_all: bool = False,
+        reply_to_seq: int | None = None,
+        announcement: bool = False,
+        client_msg_id: str | None = None,
+    ) -> dict[str, Any]:
+        reply_to_user = None
+        if reply_to_seq is not None:
+            # Resolved on the query side once, then carried by the event (deterministic replays).
+            reply_to_user = self.message_sender(tenant, conversation_id, reply_to_seq)
+        with self._unit() as touched:
+            conv = self._conversation(tenant, conversation_id)
+            previous = conv.previous_send(client_msg_id)
+            if previous is not None:
+                seq, message_id, policy = previous
+                return {"conversation_seq": seq, "message_id": message_id, "write_policy": policy, "duplicate": True}
+            now = self.clock()
+            self._evaluate(conv, now, touched)
+            quota = self._quota(tenant)
+            message_id = f"m_{uuid.uuid4().hex}"
+            seq = conv.send(
+                sender=sender,
+                text=text,
+                message_id=message_id,
+                quota=quota,
+                params=self.params,
+                now=now,
+                mentions=mentions,
+                mention_all=mention_all,
+                reply_to_seq=reply_to_seq,
+                reply_to_user=reply_to_user,
+                announcement=announcement,
+                client_msg_id=client_msg_id,
+            )
+            touched.extend([conv, quota])
+            return {"conversation_seq": seq, "message_id": message_id, "write_policy": conv.write_policy}
+
+    def mark_read(self, tenant: str, conversation_id: str, user_id: str, read_seq: int) -> dict[str, Any]:
+        with self._unit() as touched:
+            conv = self._conversation(tenant, conversation_id)
+            now = self.clock()
+            conv.mark_read(user_id, read_seq, now)
+            touched.append(conv)
+            return {"conversation_id": conversation_id, "read_seq": read_seq}
+
+    def request_rebuild(self, tenant: str, conversation_id: str, user_id: str) -> dict[str, Any]:
+        with self._unit() as touched:
+            conv = self._conversation(tenant, conversation_id)
+            conv.request_rebuild(user_id, self.clock())
+            touched.append(conv)
+            return {"conversation_id": conversation_id, "rebuilt_at_seq": conv.seq}
+
+    def evaluate_conversation(self, tenant: str, conversation_id: str) -> str:
+        """An alpha update: re-run the state machine with the current clock."""
+        with self._unit() as touched:
+            conv = self._conversation(tenant, conversation_id)
+            before = conv.version
+            self._evaluate(conv, self.clock(), touched)
+            if conv.version != before:
+                touched.append(conv)
+            return conv.write_policy
+
+    def conversation(self, tenant: str, conversation_id: str) -> Conversation:
+        with self.lock:
+            return self._conversation(tenant, conversation_id)
+
+    # -- reviews and tiers -------------------------------------------------
+
+    def open_review(
+        self,
+        tenant: str,
+        size_bucket: str,
+        trigger: str,
+        details: dict[str, Any],
+        opened_by: str,
+        review_key: str | None = None,
+    ) -> dict[str, Any]:
+        _bucket(size_bucket)
+        with self._unit() as touched:
+            if review_key is not None:
+                existing = self._find(Review, Review.create_id(review_key=review_key))
+                if existing is not None:
+                    return review_dict(existing)
+            review = Review(
+                tenant=tenant,
+                size_bucket=size_bucket,
+                trigger=trigger,
+                details=details,
+                opened_by=opened_by,
+                at=self.clock(),
+                review_key=review_key,
+            )
+            touched.append(review)
+            return review_dict(review)
+
+    def review(self, tenant: str, review_id: str) -> Review:
+        try:
+            rid = UUID(review_id)
+        except (ValueError, TypeError, AttributeError):
+            raise NotFound(f"review {review_id} not found", review_id=review_id) from None
+        review = self._find(Review, rid)
+        if review is None or review.tenant != tenant:
+            raise NotFound(f"review {review_id} not found", review_id=review_id)
+        return review
+
+    def decide_review(
+        self,
+        tenant: str,
+        review_id: str,
+        decision: str,
+        decided_by: str,
+        read_diffusion_min_saving: float | None = None,
+        read_diffusion_max_active_ratio: float | None = None,
+        note: str = "",
+    ) -> dict[str, Any]:
+        with self._unit() as touched:
+            review = self.review(tenant, review_id)
+            now = self.clock()
+            review.decide(
+                decision,
+                decided_by,
+                now,
+                read_diffusion_min_saving=read_diffusion_min_saving,
+                read_diffusion_max_active_ratio=read_diffusion_max_active_ratio,
+                note=note,
+            )
+            touched.append(review)
+            if decision == "enable_mention_only":
+                tier = self._tier(tenant, review.size_bucket) or Tier(tenant=tenant, size_bucket=review.size_bucket)
+                tier.enable(review, now)
+                touched.append(tier)
+            result = review_dict(review)
+        if decision == "enable_mention_only":
+            # A tier change is an evaluation point for the conversations of its scope.
+            for cid in self.conversations_in_scope(tenant, review.size_bucket):
+                self.evaluate_conversation(tenant, cid)
+        return result
+
+    def roll_back_tier(self, tenant: str, size_bucket: str, by: str, reason: str) -> dict[str, Any]:
+        """The safety valve: every conversation of the scope returns to always at once."""
+        _bucket(size_bucket)
+        with self._unit() as touched:
+            tier = self._tier(tenant, size_bucket)
+            if tier is None:
+                raise NotFound(f"tier {size_bucket} of tenant {tenant} was never enabled", size_bucket=size_bucket)
+            now = self.clock()
+            cids = tier.roll_back(by, reason, now)
+            touched.append(tier)
+            for cid in cids:
+                conv = self._conversation(tenant, cid)
+                if conv.evaluate_write_policy(DISABLED, now, self.params) is not None:
+                    tier.conversation_exited(conversation_id=cid)
+                    touched.append(conv)
+            return {**tier_dict(tenant, size_bucket, tier), "returned_to_always": cids}
+
+    def tiers(self, tenant: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [tier_dict(tenant, b.value, self._tier(tenant, b.value)) for b in SizeBucket]
+
+    def tier_terms(self, tenant: str, size_bucket: str) -> TierTerms:
+        with self.lock:
+            tier = self._tier(tenant, size_bucket)
+            return tier.terms() if tier is not None else DISABLED
+
+
+def _bucket(size_bucket: str) -> SizeBucket:
+    try:
+        return SizeBucket(size_bucket)
+    except ValueError:
+        raise InvalidArgument(
+            f"size_bucket must be one of {[b.value for b in SizeBucket]}", field="size_bucket"
+        ) from None
+
+
+def review_dict(r: Review) -> dict[str, Any]:
+    return {
+        "review_id": str(r.id),
+        "tenant": r.tenant,
+        "size_bucket": r.size_bucket,
+        "trigger": r.trigger,
+        "details": r.details,
+        "opened_by": r.opened_by,
+        "opened_at": r.opened_at,
+        "status": r.status,
+        "decision": r.decision,
+        "decision_params": r.decision_params,
+        "decided_by": r.decided_by,
+        "decided_at": r.decided_at,
+    }
+
+
+def tier_dict(tenant: str, size_bucket: str, tier: Tier | None) -> dict[str, Any]:
+    if tier is None:
+        return {"tenant": tenant, "size_bucket": size_bucket, "state": "disabled", "conversations": []}
+    return {
+        "tenant": tenant,
+        "size_bucket": size_bucket,
+        "state": "enabled" if tier.enabled else "disabled",
+        "review_id": tier.review_id,
+        "read_diffusion_min_saving": tier.min_saving if tier.enabled else None,
+        "read_diffusion_max_active_ratio": tier.max_active_ratio if tier.enabled else None,
+        "changed_at": tier.changed_at,
+        "conversations": sorted(tier.conversations),
+    }

@@ -1,0 +1,169 @@
+"""Settings (SPEC section 8): every parameter from FANOUT_<NAME>, or a TOML config
+file with the same names. A bad value stops start-up with a message naming it."""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from domain.params import Parameters, Rate
+
+
+class ConfigError(ValueError):
+    pass
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """'500ms', '2s', '24h', '7d' -> seconds; a bare number is seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|min|m|h|d)?\s*", str(text))
+    if not m:
+        raise ValueError(f"{text!r} is not a duration like 500ms, 2s, 24h or 7d")
+    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+
+
+def parse_rate(text: str) -> Rate:
+    """'1/3s' -> 1 per 3 seconds; '20/s' or '20' -> 20 per second."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(?:/\s*(\d+(?:\.\d+)?\s*(?:ms|s|min|m|h|d)?|s|m|h|d))?\s*", str(text))
+    if not m:
+        raise ValueError(f"{text!r} is not a rate like 1/3s or 20/s")
+    per = m.group(2) or "1s"
+    if per in _UNITS:
+        per = "1" + per
+    seconds = parse_duration(per)
+    if seconds <= 0 or float(m.group(1)) <= 0:
+        raise ValueError(f"{text!r}: a rate needs a positive count and period")
+    return Rate(float(m.group(1)), seconds)
+
+
+def parse_bucket_rates(text: str) -> tuple[float, float, float]:
+    """'20/5/2' or '20,5,2' msg/s for small / medium / large."""
+    parts = re.split(r"[/,]", str(text))
+    if len(parts) != 3:
+        raise ValueError(f"{text!r}: give three rates small/medium/large, e.g. 20/5/2")
+    values = tuple(float(p) for p in parts)
+    if any(v <= 0 for v in values):
+        raise ValueError(f"{text!r}: rates must be positive")
+    return values  # type: ignore[return-value]
+
+
+def _positive_int(text: str) -> int:
+    v = int(str(text).replace("_", ""))
+    if v <= 0:
+        raise ValueError("must be a positive integer")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    v = float(str(text).replace("_", ""))
+    if v <= 0:
+        raise ValueError("must be positive")
+    return v
+
+
+def _ratio(text: str) -> float:
+    v = float(text)
+    if not 0 < v <= 1:
+        raise ValueError("must be in (0, 1]")
+    return v
+
+
+# name (without FANOUT_) -> (parser, how it lands in Parameters)
+_PARAMS: dict[str, tuple[Callable[[str], Any], Callable[[Any], dict[str, Any]]]] = {
+    "MAX_GROUP_MEMBERS": (_positive_int, lambda v: {"max_group_members": v}),
+    "SMALL_MAX_MEMBERS": (_positive_int, lambda v: {"small_max_members": v}),
+    "MEDIUM_MAX_MEMBERS": (_positive_int, lambda v: {"medium_max_members": v}),
+    "PER_CONVERSATION_MSG_RATE": (
+        parse_bucket_rates,
+        lambda v: {"rate_small": v[0], "rate_medium": v[1], "rate_large": v[2]},
+    ),
+    "PER_SENDER_IN_CONVERSATION_RATE": (parse_rate, lambda v: {"per_sender_in_conversation_rate": v}),
+    "TENANT_FANOUT_QUOTA_CAPACITY": (_positive_float, lambda v: {"tenant_fanout_quota_capacity": v}),
+    "TENANT_FANOUT_QUOTA_REFILL": (_positive_float, lambda v: {"tenant_fanout_quota_refill_per_sec": v}),
+    "PLATFORM_FANOUT_BUDGET": (_positive_float, lambda v: {"platform_fanout_budget": v}),
+    "T1_RATIO": (_ratio, lambda v: {"t1_ratio": v}),
+    "MAILBOX_WRITE_BUDGET": (_positive_float, lambda v: {"mailbox_write_budget": v}),
+    "T2_RATIO": (_ratio, lambda v: {"t2_ratio": v}),
+    "CAPACITY_WINDOW": (parse_duration, lambda v: {"capacity_window": v}),
+    "ACTIVITY_WINDOW": (parse_duration, lambda v: {"activity_window": v}),
+    "POLICY_SWITCH_EXIT_RATIO": (_ratio, lambda v: {"policy_switch_exit_ratio": v}),
+    "POLICY_SWITCH_MIN_INTERVAL": (parse_duration, lambda v: {"policy_switch_min_interval": v}),
+    "MAILBOX_SHARDS": (_positive_int, lambda v: {"mailbox_shards": v}),
+    "MAX_TEXT_LENGTH": (_positive_int, lambda v: {"max_text_length": v}),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    params: Parameters
+    data_dir: Path
+    event_store: str
+    log: str
+    views: str
+    secret: str | None
+
+
+def load_settings(env: Mapping[str, str] | None = None, config_file: str | None = None) -> Settings:
+    env = dict(os.environ if env is None else env)
+    values: dict[str, str] = {}
+    path = config_file or env.get("FANOUT_CONFIG")
+    if path:
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"FANOUT_CONFIG: cannot read {path}: {exc}") from exc
+        values.update({f"FANOUT_{k.upper()}": str(v) for k, v in raw.items()})
+    values.update({k: v for k, v in env.items() if k.startswith("FANOUT_")})
+
+    params = Parameters()
+    updates: dict[str, Any] = {}
+    for name, (parse, land) in _PARAMS.items():
+        key = f"FANOUT_{name}"
+        if key in values:
+            try:
+                updates.update(land(parse(values[key])))
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(f"{key}={values[key]!r}: {exc}") from None
+    params = replace(params, **updates)
+    if params.small_max_members >= params.medium_max_members:
+        raise ConfigError("FANOUT_SMALL_MAX_MEMBERS must be below FANOUT_MEDIUM_MAX_MEMBERS")
+
+    data_dir = Path(values.get("FANOUT_DATA_DIR", "./data"))
+    event_store = values.get("FANOUT_EVENT_STORE", "sqlite")
+    log = values.get("FANOUT_LOG", "embedded")
+    views = values.get("FANOUT_VIEWS", "sqlite")
+    for key, value, ok in (
+        ("FANOUT_EVENT_STORE", event_store, ("sqlite",)),
+        ("FANOUT_LOG", log, ("embedded",)),
+        ("FANOUT_VIEWS", views, ("sqlite",)),
+    ):
+        if value not in ok:
+            raise ConfigError(
+                f"{key}={value!r}: this build runs the embedded runtime only "
+                f"(use {ok[0]!r}); the distributed runtime (postgresql://, kafka://, cassandra://) is not built yet"
+            )
+    unknown = sorted(
+        k
+        for k in values
+        if k.startswith("FANOUT_")
+        and k[7:] not in _PARAMS
+        and k not in {"FANOUT_DATA_DIR", "FANOUT_EVENT_STORE", "FANOUT_LOG", "FANOUT_VIEWS", "FANOUT_SECRET", "FANOUT_CONFIG"}
+    )
+    if unknown:
+        raise ConfigError(f"unknown setting {unknown[0]}; known: {', '.join('FANOUT_' + n for n in _PARAMS)}")
+    return Settings(params, data_dir, event_store, log, views, values.get("FANOUT_SECRET"))
+
+
+def parameter_names() -> list[str]:
+    return [f"FANOUT_{n}" for n in _PARAMS]
+
+
+def describe(params: Parameters) -> dict[str, Any]:
+    return {f.name: getattr(params, f.name) for f in fields(params)}

@@ -1,0 +1,395 @@
+"""The delivery projection: message bodies (stored once), ConversationHead,
+UserMailboxEntry per MailboxShard, UserConversationState and the per-message
+delivery record. Written once, hosted by the embedded runner (and later Faust).
+
+It keeps each conversation's members in memory (loaded from the view store on
+first use), so the fan-out of one message is one pass over a dict and one batched
+write per shard; the only O(N) write is the mailbox reference."""
+
+from __future__ import annotations
+
+import zlib
+from bisect import bisect_right
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import singledispatchmethod
+from typing import Any
+
+from domain.conversation import Conversation
+from domain.delivery import MENTION_ALL, ANNOUNCEMENT, Targets, materialized_members
+from domain.params import Parameters, WritePolicy
+from domain.policy import is_active
+from domain.tier import Review, Tier
+from projections.ports import MailboxEntry, ViewStore, ViewWriter
+from projections.state import MemberState
+
+PREVIEW_LENGTH = 80
+
+
+def shard_of(user_id: str, shards: int) -> int:
+    return zlib.crc32(user_id.encode()) % shards
+
+
+@dataclass
+class ConversationModel:
+    tenant: str
+    conversation_id: str
+    head: dict[str, Any]
+    members: dict[str, MemberState] = field(default_factory=dict)
+    broadcast_seqs: list[int] = field(default_factory=list)
+    shards: dict[str, int] = field(default_factory=dict)  # user -> MailboxShard, cached
+    skipping: set[str] = field(default_factory=set)  # members with an open gap
+
+    def __post_init__(self) -> None:
+        self.skipping = {u for u, s in self.members.items() if s.skipping}
+
+    def broadcasts_upto(self, seq: int) -> int:
+        return bisect_right(self.broadcast_seqs, seq)
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """After commit: what the push hub may send (online push only after durability)."""
+
+    tenant: str
+    conversation_id: str
+    seq: int
+    message: dict[str, Any]
+    materialized: frozenset[str] | None  # None: every member
+    members: Callable[[str], bool]
+
+
+Effect = Delivered
+
+
+class DeliveryProjection:
+    name = "delivery"
+    topics = (
+        Conversation.Created,
+        Conversation.MembersJoined,
+        Conversation.MemberLeft,
+        Conversation.MessageSent,
+        Conversation.ReadMarked,
+        Conversation.RebuildRequested,
+        Conversation.WritePolicyChanged,
+        Review.Opened,
+        Review.Decided,
+        Tier.Enabled,
+        Tier.RolledBack,
+    )
+
+    def __init__(self, store: ViewStore, params: Parameters) -> None:
+        self.store = store
+        self.params = params
+        self.models: dict[tuple[str, str], ConversationModel] = {}
+        self.reviews: dict[str, dict[str, Any]] = {}
+        self.ids: dict[Any, tuple[str, str]] = {}
+
+    # -- working set -------------------------------------------------------
+
+    def model(self, tenant: str, conversation_id: str) -> ConversationModel:
+        key = (tenant, conversation_id)
+        m = self.models.get(key)
+        if m is None:
+            head, states, broadcasts = self.store.load_conversation(tenant, conversation_id)
+            if head is None:
+                raise LookupError(f"no head for {tenant}/{conversation_id}: the log is ahead of the views")
+            m = ConversationModel(tenant, conversation_id, dict(head), dict(states), broadcasts)
+            self.models[key] = m
+        return m
+
+    # -- dispatch ------------------------------------------------------------
+
+    def process(self, event: Any, position: int, w: ViewWriter) -> list[Effect]:
+        return self._process(event, position, w) or []
+
+    @singledispatchmethod
+    def _process(self, event: Any, position: int, w: ViewWriter) -> list[Effect] | None:
+        return None
+
+    @_process.register
+    def _created(self, e: Conversation.Created, position: int, w: ViewWriter) -> None:
+        head = {
+            "conversation_id": e.conversation_id,
+            "title": e.title,
+            "latest_conversation_seq": 0,
+            "last_activity_id": None,
+            "last_activity_at": e.at,
+            "preview": None,
+            "member_count": 0,
+            "size_bucket": self.params.size_bucket(0).value,
+            "write_policy": WritePolicy.ALWAYS.value,
+            "broadcasts": 0,
+            "created_at": e.at,
+        }
+        head["aggregate_id"] = str(e.originator_id)
+        self.models[(e.tenant, e.conversation_id)] = ConversationModel(e.tenant, e.conversation_id, head)
+        self.ids[e.originator_id] = (e.tenant, e.conversation_id)
+        w.put_head(e.tenant, e.conversation_id, head)
+
+    def _conv(self, e: Any) -> ConversationModel:
+        key = self.ids.get(e.originator_id)
+        if key is None:
+            key = self.ids[e.originator_id] = self.store.conversation_key(e.originator_id)
+        return self.model(*key)
+
+    def _put_head(self, m: ConversationModel, w: ViewWriter) -> None:
+        m.head["member_count"] = len(m.members)
+        m.head["size_bucket"] = self.params.size_bucket(len(m.members)).value
+        w.put_head(m.tenant, m.conversation_id, m.head)
+
+    @_process.register
+    def _joined(self, e: Conversation.MembersJoined, position: int, w: ViewWriter) -> None:
+        m = self._conv(e)
+        base = m.broadcasts_upto(e.at_seq)
+        new = [(u, MemberState(read_seq=e.at_seq, joined_seq=e.at_seq, broadcast_base=base)) for u in e.user_ids]
+        for u, s in new:
+            m.members[u] = s
+        w.put_states(m.tenant, m.conversation_id, new)
+        self._put_head(m, w)
+
+    @_process.register
+    def _left(self, e: Conversation.MemberLeft, position: int, w: ViewWriter) -> None:
+        m = self._conv(e)
+        m.members.pop(e.user_id, None)
+        m.skipping.discard(e.user_id)
+        w.delete_state(m.tenant, m.conversation_id, e.user_id)
+        self._put_head(m, w)
+
+    @_process.register
+    def _sent(self, e: Conversation.MessageSent, position: int, w: ViewWriter) -> list[Effect]:
+        m = self._conv(e)
+        tenant, cid, seq = m.tenant, m.conversation_id, e.seq
+        broadcast = e.mention_all or e.announcement
+        message = {
+            "conversation_id": cid,
+            "conversation_seq": seq,
+            "message_id": e.message_id,
+            "sender": e.sender,
+            "text": e.text,
+            "mentions": list(e.mentions),
+            "mention_all": e.mention_all,
+            "reply_to_seq": e.reply_to_seq,
+            "announcement": e.announcement,
+            "sent_at": e.at,
+            "pos": position,
+        }
+        w.put_message(tenant, cid, message)
+        if broadcast:
+            m.broadcast_seqs.append(seq)
+            m.head["broadcasts"] = len(m.broadcast_seqs)
+        m.head.update(
+            latest_conversation_seq=seq,
+            last_activity_id=e.message_id,
+            last_activity_at=e.at,
+            preview=e.text[:PREVIEW_LENGTH],
+        )
+        self._put_head(m, w)
+
+        targets = Targets(e.sender, tuple(e.mentions), e.reply_to_user, e.mention_all, e.announcement)
+        policy = WritePolicy(e.write_policy)
+        sender_state = m.members.get(e.sender)
+        if sender_state is not None:
+            sender_state.last_active = e.at
+        activity = _ActivityView(m.members)
+        recipients = materialized_members(policy, activity, targets, e.at, self.params.activity_window)
+        everyone = policy is WritePolicy.ALWAYS or broadcast
+        materialized = None if everyone else frozenset(recipients)
+        shards = self._mailbox_batches(m, position, seq, targets, m.members if everyone else materialized or ())
+        entries = sum(len(b) for b in shards.values())
+        w.put_mailbox(tenant, shards)
+
+        changed: list[tuple[str, MemberState]] = []
+        if sender_state is not None:
+            # Sending marks the conversation read for the sender (ADR 0002).
+            self._advance_read(m, sender_state, seq)
+            changed.append((e.sender, sender_state))
+        personal = targets.personal() if not broadcast else set()
+        for u in personal:
+            s = m.members.get(u)
+            if s is not None:
+                s.mention_seqs.append(seq)
+                changed.append((u, s))
+        changed.extend(self._gap_transitions(m, seq, e.at, e.sender, materialized))
+        if changed:
+            w.put_states(tenant, cid, _dedupe(changed))
+        w.put_delivery(
+            tenant,
+            cid,
+            seq,
+            {
+                "message_id": e.message_id,
+                "write_policy": e.write_policy,
+                "member_count": len(m.members),
+                "mailbox_entries": entries,
+                "shards": len(shards),
+                "body_bytes": len(e.text.encode()),
+                "pos": position,
+            },
+        )
+        return [Delivered(tenant, cid, seq, message, materialized, m.members.__contains__)]
+
+    def _mailbox_batches(
+        self, m: ConversationModel, position: int, seq: int, targets: Targets, recipients: Iterable[str]
+    ) -> dict[int, list[MailboxEntry]]:
+        """The hot loop: one tuple per recipient, grouped per MailboxShard."""
+        n_shards = self.params.mailbox_shards
+        shard_cache = m.shards
+        base = (ANNOUNCEMENT if targets.announcement else 0) | (MENTION_ALL if targets.mention_all else 0)
+        special = targets.personal()
+        special.add(targets.sender)
+        cid = m.conversation_id
+        batches: dict[int, list[MailboxEntry]] = {}
+        for u in recipients:
+            shard = shard_cache.get(u)
+            if shard is None:
+                shard = shard_cache[u] = shard_of(u, n_shards)
+            flags = targets.flags_for(u) if u in special else base
+            batch = batches.get(shard)
+            if batch is None:
+                batch = batches[shard] = []
+            batch.append((u, position, seq, cid, flags))
+        return batches
+
+    def _gap_transitions(
+        self, m: ConversationModel, seq: int, at: float, sender: str, materialized: frozenset[str] | None
+    ) -> list[tuple[str, MemberState]]:
+        """Write a member's row only when it starts or stops being skipped."""
+        changed = []
+        if materialized is None:  # everyone got this message: open gaps end before it
+            for u in m.skipping:
+                s = m.members[u]
+                s.skipping = False
+                s.gap_end = seq - 1
+                changed.append((u, s))
+            m.skipping.clear()
+            return changed
+        window = self.params.activity_window
+        for u, s in m.members.items():
+            if u not in materialized:
+                if not s.skipping:
+                    s.skipping = True
+                    if s.delivered_seq is None:
+                        s.delivered_seq = seq - 1
+                    m.skipping.add(u)
+                    changed.append((u, s))
+            elif s.skipping and (u == sender or is_active(s.last_active, at, window)):
+                # Materialized because active again, not only because mentioned.
+                s.skipping = False
+                s.gap_end = seq - 1
+                m.skipping.discard(u)
+                changed.append((u, s))
+        return changed
+
+    def _advance_read(self, m: ConversationModel, s: MemberState, read_seq: int) -> None:
+        if read_seq <= s.read_seq:
+            return
+        s.read_seq = read_seq
+        s.mention_seqs = [x for x in s.mention_seqs if x > read_seq]
+        s.broadcast_base = m.broadcasts_upto(read_seq)
+
+    @_process.register
+    def _read(self, e: Conversation.ReadMarked, position: int, w: ViewWriter) -> None:
+        m = self._conv(e)
+        s = m.members.get(e.user_id)
+        if s is None:
+            return
+        s.last_active = e.at
+        self._advance_read(m, s, e.read_seq)
+        # MARK_READ through the end of the gap means the client holds that history.
+        if s.delivered_seq is not None and not s.skipping and s.gap_end is not None and s.read_seq >= s.gap_end:
+            s.delivered_seq = None
+            s.gap_end = None
+        w.put_states(m.tenant, m.conversation_id, [(e.user_id, s)])
+
+    @_process.register
+    def _rebuild(self, e: Conversation.RebuildRequested, position: int, w: ViewWriter) -> None:
+        m = self._conv(e)
+        s = m.members.get(e.user_id)
+        if s is None:
+            return
+        # Counts are recomputed from the log (mention seqs and broadcasts are
+        # kept exactly); unread is exact as of at_seq. The gap stays flagged.
+        s.rebuilt_seq = e.at_seq
+        s.mention_seqs = sorted(x for x in set(s.mention_seqs) if x > s.read_seq)
+        s.broadcast_base = m.broadcasts_upto(s.read_seq)
+        w.put_states(m.tenant, m.conversation_id, [(e.user_id, s)])
+
+    @_process.register
+    def _policy(self, e: Conversation.WritePolicyChanged, position: int, w: ViewWriter) -> None:
+        m = self._conv(e)
+        m.head["write_policy"] = e.to_policy
+        self._put_head(m, w)
+
+    # -- reviews and tiers (small admin views) --------------------------------
+
+    @_process.register
+    def _review_opened(self, e: Review.Opened, position: int, w: ViewWriter) -> None:
+        review = {
+            "review_id": str(e.originator_id),
+            "tenant": e.tenant,
+            "size_bucket": e.size_bucket,
+            "trigger": e.trigger,
+            "details": e.details,
+            "opened_by": e.opened_by,
+            "opened_at": e.at,
+            "status": "open",
+            "decision": None,
+            "decision_params": {},
+            "decided_by": None,
+            "decided_at": None,
+        }
+        self.reviews[review["review_id"]] = review
+        w.put_review(review)
+
+    @_process.register
+    def _review_decided(self, e: Review.Decided, position: int, w: ViewWriter) -> None:
+        review = self.reviews.get(str(e.originator_id)) or self.store_review(str(e.originator_id))
+        review.update(status="decided", decision=e.decision, decision_params=e.params, decided_by=e.by, decided_at=e.at)
+        w.put_review(review)
+
+    def store_review(self, review_id: str) -> dict[str, Any]:
+        return dict(self.store.review(review_id))  # type: ignore[attr-defined]
+
+    @_process.register
+    def _tier_enabled(self, e: Tier.Enabled, position: int, w: ViewWriter) -> None:
+        w.put_tier(
+            {
+                "tier_id": str(e.originator_id),
+                "enabled": True,
+                "review_id": e.review_id,
+                "read_diffusion_min_saving": e.min_saving,
+                "read_diffusion_max_active_ratio": e.max_active_ratio,
+                "changed_at": e.at,
+            }
+        )
+
+    @_process.register
+    def _tier_rolled_back(self, e: Tier.RolledBack, position: int, w: ViewWriter) -> None:
+        w.put_tier({"tier_id": str(e.originator_id), "enabled": False, "changed_at": e.at})
+
+
+class _ActivityView:
+    """Read-only user -> last_active mapping over the member states (no copy)."""
+
+    def __init__(self, members: dict[str, MemberState]) -> None:
+        self._m = members
+
+    def keys(self) -> Any:
+        return self._m.keys()
+
+    def items(self) -> Iterable[tuple[str, float]]:
+        return ((u, s.last_active) for u, s in self._m.items())
+
+    def __getitem__(self, k: str) -> float:
+        return self._m[k].last_active
+
+    def __iter__(self) -> Any:
+        return iter(self._m)
+
+    def __len__(self) -> int:
+        return len(self._m)
+
+
+def _dedupe(changed: list[tuple[str, MemberState]]) -> list[tuple[str, MemberState]]:
+    return list({u: (u, s) for u, s in changed}.values())

@@ -1,0 +1,74 @@
+"""Ports of the read side. A projection writes through a `ViewWriter` inside one
+unit of work that also records the tracking position, so each notification is
+applied exactly once; every backend (SQLite here, CQL later) implements these
+and passes the one contract suite in tests/contract/."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from projections.state import MemberState
+
+# (user_id, pos, conversation_seq, conversation_id, flags): one UserMailboxEntry
+MailboxEntry = tuple[str, int, int, str, int]
+
+
+@dataclass(frozen=True)
+class MailboxPage:
+    entries: list[dict[str, Any]]
+    next_after: int
+
+
+class MailboxStore(Protocol):
+    """UserMailboxEntry, keyed (tenant, user_id, pos): the O(N) write."""
+
+    def write_shards(self, tenant: str, shards: dict[int, list[MailboxEntry]]) -> None:
+        """Idempotent: writing the same entries again stores nothing new."""
+
+    def read(self, tenant: str, user_id: str, after: int, until: int, limit: int) -> list[MailboxEntry]:
+        """Entries with after < pos <= until in pos order."""
+
+    def count(self) -> int: ...
+
+    def flush(self) -> None:
+        """Make every written entry durable."""
+
+    def close(self) -> None: ...
+
+
+class ViewWriter(Protocol):
+    def track(self, projection: str, position: int) -> None: ...
+
+    def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any]) -> None: ...
+
+    def put_message(self, tenant: str, conversation_id: str, message: dict[str, Any]) -> None: ...
+
+    def put_mailbox(self, tenant: str, shards: dict[int, list[MailboxEntry]]) -> None: ...
+
+    def put_states(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, MemberState]]) -> None: ...
+
+    def delete_state(self, tenant: str, conversation_id: str, user_id: str) -> None: ...
+
+    def put_delivery(self, tenant: str, conversation_id: str, seq: int, record: dict[str, Any]) -> None: ...
+
+    def put_review(self, review: dict[str, Any]) -> None: ...
+
+    def put_tier(self, tier: dict[str, Any]) -> None: ...
+
+
+class ViewStore(Protocol):
+    def unit_of_work(self) -> AbstractContextManager[ViewWriter]:
+        """Writes in the block and the tracking positions commit together or not at all."""
+
+    def conversation_key(self, aggregate_id: Any) -> tuple[str, str]: ...
+
+    def review(self, review_id: str) -> dict[str, Any]: ...
+
+    def position(self, projection: str) -> int: ...
+
+    # reads used by projections at start-up
+    def load_conversation(self, tenant: str, conversation_id: str) -> tuple[dict[str, Any] | None, Iterator[tuple[str, MemberState]], list[int]]:
+        """(head, member states, broadcast seqs)."""

@@ -1,0 +1,481 @@
+"""SQLite backend of the read side: views (heads, messages, states, delivery
+records, admin views, tracking) in one WAL database, and the mailbox in its own
+file so it can be rebuilt and swapped on its own.
+
+Mailbox writes are idempotent (INSERT OR IGNORE on the primary key) and are made
+durable before the views transaction that records the tracking position commits,
+so a crash between the two replays into no duplicate (invariant X)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from projections.ports import MailboxEntry
+from projections.state import MemberState
+
+VIEWS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tracking (projection TEXT PRIMARY KEY, position INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS heads (
+    tenant TEXT NOT NULL, conversation_id TEXT NOT NULL, aggregate_id TEXT NOT NULL,
+    title TEXT, latest_conversation_seq INTEGER NOT NULL, last_activity_id TEXT,
+    last_activity_at REAL, preview TEXT, member_count INTEGER NOT NULL, size_bucket TEXT NOT NULL,
+    write_policy TEXT NOT NULL, broadcasts INTEGER NOT NULL, created_at REAL,
+    PRIMARY KEY (tenant, conversation_id)) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS heads_by_aggregate ON heads (aggregate_id);
+CREATE TABLE IF NOT EXISTS messages (
+    tenant TEXT NOT NULL, conversation_id TEXT NOT NULL, conversation_seq INTEGER NOT NULL,
+    message_id TEXT NOT NULL, sender TEXT NOT NULL, text TEXT NOT NULL, mentions TEXT NOT NULL,
+    mention_all INTEGER NOT NULL, reply_to_seq INTEGER, announcement INTEGER NOT NULL,
+    sent_at REAL NOT NULL, pos INTEGER NOT NULL,
+    PRIMARY KEY (tenant, conversation_id, conversation_seq));
+CREATE TABLE IF NOT EXISTS states (
+    tenant TEXT NOT NULL, user_id TEXT NOT NULL, conversation_id TEXT NOT NULL,
+    read_seq INTEGER NOT NULL, joined_seq INTEGER NOT NULL, last_active REAL NOT NULL,
+    delivered_seq INTEGER, skipping INTEGER NOT NULL, gap_end INTEGER, rebuilt_seq INTEGER NOT NULL,
+    mention_seqs TEXT NOT NULL, broadcast_base INTEGER NOT NULL,
+    PRIMARY KEY (tenant, user_id, conversation_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS states_by_conversation ON states (tenant, conversation_id);
+CREATE TABLE IF NOT EXISTS delivery (
+    tenant TEXT NOT NULL, conversation_id TEXT NOT NULL, conversation_seq INTEGER NOT NULL,
+    message_id TEXT NOT NULL, write_policy TEXT NOT NULL, member_count INTEGER NOT NULL,
+    mailbox_entries INTEGER NOT NULL, shards INTEGER NOT NULL, body_bytes INTEGER NOT NULL,
+    pos INTEGER NOT NULL, online_pushes INTEGER, materialized_at REAL,
+    PRIMARY KEY (tenant, conversation_id, conversation_seq));
+CREATE TABLE IF NOT EXISTS reviews (review_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tiers (tier_id TEXT PRIMARY KEY, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS capacity (projection TEXT PRIMARY KEY, body TEXT NOT NULL);
+"""
+
+STATE_COLUMNS = (
+    "read_seq",
+    "joined_seq",
+    "last_active",
+    "delivered_seq",
+    "skipping",
+    "gap_end",
+    "rebuilt_seq",
+    "mention_seqs",
+    "broadcast_base",
+)
+
+HEAD_COLUMNS = (
+    "aggregate_id",
+    "title",
+    "latest_conversation_seq",
+    "last_activity_id",
+    "last_activity_at",
+    "preview",
+    "member_count",
+    "size_bucket",
+    "write_policy",
+    "broadcasts",
+    "created_at",
+)
+
+
+def connect(path: Path | str, *, readonly: bool = False) -> sqlite3.Connection:
+    uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
+    con = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=30)
+    con.row_factory = sqlite3.Row
+    con.execute("PRAGMA busy_timeout=30000")
+    if not readonly:
+        con.execute("PRAGMA journal_mode=WAL")
+    con.execute("PRAGMA synchronous=NORMAL")
+    con.execute("PRAGMA cache_size=-131072")  # 128 MiB
+    con.execute("PRAGMA mmap_size=1073741824")
+    con.execute("PRAGMA temp_store=MEMORY")
+    return con
+
+
+class SqliteMailbox:
+    """UserMailboxEntry in SQLite: key (tenant, user_id, pos), a user-ordered B-tree."""
+
+    SCHEMA = """
+    CREATE TABLE IF NOT EXISTS mailbox (
+        tenant TEXT NOT NULL, user_id TEXT NOT NULL, pos INTEGER NOT NULL,
+        conversation_seq INTEGER NOT NULL, conversation_id TEXT NOT NULL, flags INTEGER NOT NULL,
+        PRIMARY KEY (tenant, user_id, pos)) WITHOUT ROWID;
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._write = connect(self.path)
+        self._write.executescript(self.SCHEMA)
+        self._local = threading.local()
+
+    def _reader(self) -> sqlite3.Connection:
+        con = getattr(self._local, "con", None)
+        if con is None:
+            con = self._local.con = connect(self.path)
+        return con
+
+    def write_shards(self, tenant: str, shards: dict[int, list[MailboxEntry]]) -> None:
+        con = self._write
+        con.execute("BEGIN")
+        try:
+            for shard in sorted(shards):
+                # One statement per MailboxShard batch, rows in key order.
+                batch = shards[shard]
+                batch.sort()
+                con.executemany(
+                    "INSERT OR IGNORE INTO mailbox VALUES (?, ?, ?, ?, ?, ?)",
+                    [(tenant, *row) for row in batch],
+                )
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+
+    def read(self, tenant: str, user_id: str, after: int, until: int, limit: int) -> list[MailboxEntry]:
+        rows = self._reader().execute(
+            "SELECT user_id, pos, conversation_seq, conversation_id, flags FROM mailbox "
+            "WHERE tenant=? AND user_id=? AND pos>? AND pos<=? ORDER BY pos LIMIT ?",
+            (tenant, user_id, after, until, limit),
+        ).fetchall()
+        return [tuple(r) for r in rows]  # type: ignore[misc]
+
+    def all_entries(self) -> Iterator[tuple[Any, ...]]:
+        yield from self._reader().execute("SELECT * FROM mailbox ORDER BY tenant, user_id, pos")
+
+    def count(self) -> int:
+        return int(self._reader().execute("SELECT count(*) FROM mailbox").fetchone()[0])
+
+    def flush(self) -> None:
+        pass  # each write_shards commits; synchronous=NORMAL in WAL is durable across process crashes
+
+    def close(self) -> None:
+        self._write.close()
+        con = getattr(self._local, "con", None)
+        if con is not None:
+            con.close()
+
+
+class SqliteWriter:
+    """The ViewWriter of one unit of work. Mailbox shards are buffered and written
+    by the store before the views transaction commits."""
+
+    def __init__(self, con: sqlite3.Connection, parts: frozenset[str]) -> None:
+        self.con = con
+        self.parts = parts
+        self.mailbox: list[tuple[str, dict[int, list[MailboxEntry]]]] = []
+        self.mailbox_entries = 0
+        self.deliveries: list[tuple[str, str, int]] = []
+        self.positions: dict[str, int] = {}
+
+    def track(self, projection: str, position: int) -> None:
+        """Record the notification this unit of work has applied, in the same commit."""
+        self.positions[projection] = position
+
+    def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any]) -> None:
+        if "heads" not in self.parts:
+            return
+        self.con.execute(
+            f"INSERT OR REPLACE INTO heads (tenant, conversation_id, {', '.join(HEAD_COLUMNS)}) "
+            f"VALUES (?, ?, {', '.join('?' * len(HEAD_COLUMNS))})",
+            (tenant, conversation_id, *(head.get(c) for c in HEAD_COLUMNS)),
+        )
+
+    def put_message(self, tenant: str, conversation_id: str, m: dict[str, Any]) -> None:
+        if "heads" not in self.parts:
+            return
+        self.con.execute(
+            "INSERT OR REPLACE INTO messages VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                tenant,
+                conversation_id,
+                m["conversation_seq"],
+                m["message_id"],
+                m["sender"],
+                m["text"],
+                json.dumps(m["mentions"]),
+                int(m["mention_all"]),
+                m["reply_to_seq"],
+                int(m["announcement"]),
+                m["sent_at"],
+                m["pos"],
+            ),
+        )
+
+    def put_mailbox(self, tenant: str, shards: dict[int, list[MailboxEntry]]) -> None:
+        if "mailbox" not in self.parts or not shards:
+            return
+        self.mailbox.append((tenant, shards))
+        self.mailbox_entries += sum(len(b) for b in shards.values())
+
+    def put_states(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, MemberState]]) -> None:
+        if "state" not in self.parts:
+            return
+        self.con.executemany(
+            f"INSERT OR REPLACE INTO states (tenant, user_id, conversation_id, {', '.join(STATE_COLUMNS)}) "
+            f"VALUES (?, ?, ?, {', '.join('?' * len(STATE_COLUMNS))})",
+            [(tenant, u, conversation_id, *s.row().values()) for u, s in states],
+        )
+
+    def delete_state(self, tenant: str, conversation_id: str, user_id: str) -> None:
+        if "state" not in self.parts:
+            return
+        self.con.execute(
+            "DELETE FROM states WHERE tenant=? AND user_id=? AND conversation_id=?", (tenant, user_id, conversation_id)
+        )
+
+    def put_delivery(self, tenant: str, conversation_id: str, seq: int, r: dict[str, Any]) -> None:
+        if "heads" not in self.parts:
+            return
+        self.con.execute(
+            "INSERT OR REPLACE INTO delivery VALUES (?,?,?,?,?,?,?,?,?,?,NULL,NULL)",
+            (
+                tenant,
+                conversation_id,
+                seq,
+                r["message_id"],
+                r["write_policy"],
+                r["member_count"],
+                r["mailbox_entries"],
+                r["shards"],
+                r["body_bytes"],
+                r["pos"],
+            ),
+        )
+        self.deliveries.append((tenant, conversation_id, seq))
+
+    def put_review(self, review: dict[str, Any]) -> None:
+        if "heads" not in self.parts:
+            return
+        self.con.execute(
+            "INSERT OR REPLACE INTO reviews VALUES (?,?,?)", (review["review_id"], review["tenant"], json.dumps(review))
+        )
+
+    def put_tier(self, tier: dict[str, Any]) -> None:
+        if "heads" not in self.parts:
+            return
+        old = self.con.execute("SELECT body FROM tiers WHERE tier_id=?", (tier["tier_id"],)).fetchone()
+        body = json.loads(old[0]) if old else {}
+        body.update(tier)
+        self.con.execute("INSERT OR REPLACE INTO tiers VALUES (?,?)", (tier["tier_id"], json.dumps(body)))
+
+    def put_capacity(self, name: str, body: dict[str, Any]) -> None:
+        self.con.execute("INSERT OR REPLACE INTO capacity VALUES (?,?)", (name, json.dumps(body)))
+
+
+ALL_PARTS = frozenset({"mailbox", "state", "heads"})
+
+
+class SqliteViews:
+    """The views database plus the mailbox store; one writer, many readers."""
+
+    def __init__(self, data_dir: Path | str, mailbox: Any = None, *, prefix: str = "") -> None:
+        self.dir = Path(data_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / f"{prefix}views.sqlite"
+        self._con = connect(self.path)
+        self._con.executescript(VIEWS_SCHEMA)
+        self.mailbox = mailbox if mailbox is not None else SqliteMailbox(self.dir / f"{prefix}mailbox.sqlite")
+        self._local = threading.local()
+        self._write_lock = threading.Lock()
+
+    # -- writing -------------------------------------------------------------
+
+    @contextmanager
+    def unit_of_work(self, parts: frozenset[str] = ALL_PARTS, *, now: float | None = None) -> Iterator[SqliteWriter]:
+        """Everything written in the block commits with the tracking positions.
+        The mailbox shards are made durable first (idempotent), then the views."""
+        with self._write_lock:
+            con = self._con
+            w = SqliteWriter(con, parts)
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                yield w
+                for tenant, shards in w.mailbox:
+                    self.mailbox.write_shards(tenant, shards)
+                if w.mailbox:
+                    self.mailbox.flush()
+                if w.deliveries:
+                    at = now if now is not None else time.time()
+                    con.executemany(
+                        "UPDATE delivery SET materialized_at=? WHERE tenant=? AND conversation_id=? AND conversation_seq=?",
+                        [(at, *d) for d in w.deliveries],
+                    )
+                con.executemany(
+                    "INSERT INTO tracking VALUES (?, ?) ON CONFLICT(projection) DO UPDATE SET position=excluded.position",
+                    list(w.positions.items()),
+                )
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+
+    def record_pushes(self, tenant: str, conversation_id: str, seq: int, pushes: int) -> None:
+        with self._write_lock:
+            self._con.execute(
+                "UPDATE delivery SET online_pushes=coalesce(online_pushes, 0)+? "
+                "WHERE tenant=? AND conversation_id=? AND conversation_seq=?",
+                (pushes, tenant, conversation_id, seq),
+            )
+
+    # -- reading -------------------------------------------------------------
+
+    def reader(self) -> sqlite3.Connection:
+        con = getattr(self._local, "con", None)
+        if con is None:
+            con = self._local.con = connect(self.path)
+        return con
+
+    def position(self, projection: str) -> int:
+        row = self.reader().execute("SELECT position FROM tracking WHERE projection=?", (projection,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def positions(self) -> dict[str, int]:
+        return {r[0]: r[1] for r in self.reader().execute("SELECT projection, position FROM tracking")}
+
+    def conversation_key(self, aggregate_id: UUID) -> tuple[str, str]:
+        row = self.reader().execute(
+            "SELECT tenant, conversation_id FROM heads WHERE aggregate_id=?", (str(aggregate_id),)
+        ).fetchone()
+        if row is None:
+            raise LookupError(f"unknown conversation aggregate {aggregate_id}")
+        return row[0], row[1]
+
+    def load_conversation(
+        self, tenant: str, conversation_id: str
+    ) -> tuple[dict[str, Any] | None, dict[str, MemberState], list[int]]:
+        con = self.reader()
+        head = self.head(tenant, conversation_id)
+        states = {
+            r["user_id"]: MemberState.from_row(r)
+            for r in con.execute(
+                "SELECT * FROM states INDEXED BY states_by_conversation WHERE tenant=? AND conversation_id=?",
+                (tenant, conversation_id),
+            )
+        }
+        broadcasts = [
+            r[0]
+            for r in con.execute(
+                "SELECT conversation_seq FROM messages WHERE tenant=? AND conversation_id=? "
+                "AND (mention_all=1 OR announcement=1) ORDER BY conversation_seq",
+                (tenant, conversation_id),
+            )
+        ]
+        return head, states, broadcasts
+
+    def head(self, tenant: str, conversation_id: str) -> dict[str, Any] | None:
+        row = self.reader().execute(
+            "SELECT * FROM heads WHERE tenant=? AND conversation_id=?", (tenant, conversation_id)
+        ).fetchone()
+        return dict(row) if row else None
+
+    def heads_by_scope(self, tenant: str, size_bucket: str) -> list[str]:
+        return [
+            r[0]
+            for r in self.reader().execute(
+                "SELECT conversation_id FROM heads WHERE tenant=? AND size_bucket=?", (tenant, size_bucket)
+            )
+        ]
+
+    def all_heads(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.reader().execute("SELECT * FROM heads")]
+
+    def state(self, tenant: str, user_id: str, conversation_id: str) -> dict[str, Any] | None:
+        row = self.reader().execute(
+            "SELECT * FROM states WHERE tenant=? AND user_id=? AND conversation_id=?", (tenant, user_id, conversation_id)
+        ).fetchone()
+        return dict(row) if row else None
+
+    def user_sessions(self, tenant: str, user_id: str) -> list[tuple[sqlite3.Row, sqlite3.Row]]:
+        """The user's own state rows, then one batched read of their heads (ADR section 3:
+        no per-conversation query at login)."""
+        con = self.reader()
+        states = con.execute("SELECT * FROM states WHERE tenant=? AND user_id=?", (tenant, user_id)).fetchall()
+        if not states:
+            return []
+        heads: dict[str, sqlite3.Row] = {}
+        ids = [s["conversation_id"] for s in states]
+        for i in range(0, len(ids), 5000):
+            chunk = ids[i : i + 5000]
+            for h in con.execute(
+                f"SELECT * FROM heads WHERE tenant=? AND conversation_id IN ({','.join('?' * len(chunk))})",
+                (tenant, *chunk),
+            ):
+                heads[h["conversation_id"]] = h
+        return [(s, heads[s["conversation_id"]]) for s in states if s["conversation_id"] in heads]
+
+    def messages(self, tenant: str, conversation_id: str, after_seq: int, limit: int) -> list[dict[str, Any]]:
+        rows = self.reader().execute(
+            "SELECT * FROM messages WHERE tenant=? AND conversation_id=? AND conversation_seq>? "
+            "ORDER BY conversation_seq LIMIT ?",
+            (tenant, conversation_id, after_seq, limit),
+        ).fetchall()
+        return [message_dict(r) for r in rows]
+
+    def message(self, tenant: str, conversation_id: str, seq: int) -> dict[str, Any] | None:
+        row = self.reader().execute(
+            "SELECT * FROM messages WHERE tenant=? AND conversation_id=? AND conversation_seq=?",
+            (tenant, conversation_id, seq),
+        ).fetchone()
+        return message_dict(row) if row else None
+
+    def delivery(self, tenant: str, conversation_id: str, seq: int) -> dict[str, Any] | None:
+        row = self.reader().execute(
+            "SELECT * FROM delivery WHERE tenant=? AND conversation_id=? AND conversation_seq=?",
+            (tenant, conversation_id, seq),
+        ).fetchone()
+        return dict(row) if row else None
+
+    def member_ids(self, tenant: str, conversation_id: str) -> list[str]:
+        return [
+            r[0]
+            for r in self.reader().execute(
+                "SELECT user_id FROM states INDEXED BY states_by_conversation WHERE tenant=? AND conversation_id=?",
+                (tenant, conversation_id),
+            )
+        ]
+
+    def review(self, review_id: str) -> dict[str, Any]:
+        row = self.reader().execute("SELECT body FROM reviews WHERE review_id=?", (review_id,)).fetchone()
+        if row is None:
+            raise LookupError(review_id)
+        return dict(json.loads(row[0]))
+
+    def reviews(self, tenant: str) -> list[dict[str, Any]]:
+        return [
+            json.loads(r[0])
+            for r in self.reader().execute("SELECT body FROM reviews WHERE tenant=? ORDER BY rowid", (tenant,))
+        ]
+
+    def capacity_state(self, name: str) -> dict[str, Any] | None:
+        row = self.reader().execute("SELECT body FROM capacity WHERE projection=?", (name,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def mailbox_page(self, tenant: str, user_id: str, after: int, limit: int) -> list[MailboxEntry]:
+        # Only entries whose views transaction committed are visible: a cursor never skips.
+        until = self.position("delivery")
+        return self.mailbox.read(tenant, user_id, after, until, limit)
+
+    def close(self) -> None:
+        self._con.close()
+        self.mailbox.close()
+        con = getattr(self._local, "con", None)
+        if con is not None:
+            con.close()
+
+
+def message_dict(r: sqlite3.Row) -> dict[str, Any]:
+    return {
+        "conversation_id": r["conversation_id"],
+        "conversation_seq": r["conversation_seq"],
+        "message_id": r["message_id"],
+        "sender": r["sender"],
+        "text": r["text"],
+        "mentions": json.loads(r["mentions"]),
+        "mention_all": bool(r["mention_all"]),
+        "reply_to_seq": r["reply_to_seq"],
+        "announcement": bool(r["announcement"]),
+        "sent_at": r["sent_at"],
+    }

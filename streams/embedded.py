@@ -1,0 +1,188 @@
+"""The embedded projection runner: follows the event store's notification log
+in-process, with tracking, and hosts the projections.
+
+eventsourcing 9.5.6's SQLiteApplicationRecorder.subscribe raises
+NotImplementedError, so this polls `select_notifications` and is woken by the
+application after each save."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from eventsourcing.application import Application
+from eventsourcing.persistence import Notification
+from eventsourcing.utils import get_topic
+
+from domain.conversation import Conversation
+from domain.params import Parameters
+from projections.capacity import CapacityProjection, ReviewTrigger
+from projections.delivery import Delivered, DeliveryProjection
+from projections.sqlite import ALL_PARTS, SqliteViews
+
+log = logging.getLogger("fanout.runner")
+
+
+class EmbeddedRunner:
+    def __init__(
+        self,
+        app: Application[Any],
+        views: SqliteViews,
+        params: Parameters,
+        *,
+        parts: frozenset[str] = ALL_PARTS,
+        on_delivered: Callable[[Sequence[Delivered]], None] | None = None,
+        on_trigger: Callable[[ReviewTrigger], None] | None = None,
+        clock: Callable[[], float] = time.time,
+        batch: int = 500,
+        max_entries_per_commit: int = 200_000,
+    ) -> None:
+        self.app = app
+        self.views = views
+        self.params = params
+        self.parts = parts
+        self.delivery = DeliveryProjection(views, params)
+        self.capacity = CapacityProjection(params, views.capacity_state(CapacityProjection.name))
+        self.on_delivered = on_delivered
+        self.on_trigger = on_trigger
+        self.clock = clock
+        self.batch = batch
+        self.max_entries_per_commit = max_entries_per_commit
+        self.topics = [get_topic(cls) for cls in DeliveryProjection.topics]
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._progress = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.last_error: str | None = None
+        self.processed = 0
+        self.entries_written = 0
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="fanout-projector", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                n = self.run_once()
+                self.last_error = None
+            except Exception as exc:  # keep following; the error is shown by /readyz
+                log.exception("projection failed; retrying from the tracked position")
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                self.reset()
+                self._stop.wait(0.5)
+                continue
+            if n == 0:
+                self._wake.wait(0.25)
+                self._wake.clear()
+
+    def reset(self) -> None:
+        """Forget in-memory working state; it is reloaded from the committed views."""
+        self.delivery = DeliveryProjection(self.views, self.params)
+        self.capacity = CapacityProjection(self.params, self.views.capacity_state(CapacityProjection.name))
+
+    # -- positions -------------------------------------------------------------
+
+    def position(self) -> int:
+        return self.views.position(DeliveryProjection.name)
+
+    def log_position(self) -> int:
+        return self.app.recorder.max_notification_id() or 0  # type: ignore[attr-defined]
+
+    def wait_until(self, position: int, timeout: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._progress:
+            while self.position() < position:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._wake.set()
+                self._progress.wait(min(left, 0.1))
+        return True
+
+    def catch_up(self, progress: Callable[[int], None] | None = None) -> int:
+        """Run in the calling thread until the views hold the whole log."""
+        total = 0
+        while True:
+            n = self.run_once()
+            if n == 0:
+                return total
+            total += n
+            if progress is not None:
+                progress(n)
+
+    # -- the work ----------------------------------------------------------------
+
+    def run_once(self) -> int:
+        start = self.position()
+        top = self.log_position()
+        if top <= start:
+            return 0
+        notes = self.app.recorder.select_notifications(  # type: ignore[attr-defined]
+            start=start, limit=self.batch, stop=top, topics=self.topics, inclusive_of_start=False
+        )
+        done = 0
+        while done < len(notes):
+            done += self._commit(notes[done:])
+        if len(notes) < self.batch and (not notes or notes[-1].id < top):
+            # Every notification up to `top` was read; the rest are not ours (e.g. quota charges).
+            with self.views.unit_of_work(self.parts) as w:
+                w.track(DeliveryProjection.name, top)
+        if notes or top > start:
+            with self._progress:
+                self._progress.notify_all()
+        return len(notes)
+
+    def _commit(self, notes: Sequence[Notification]) -> int:
+        """Apply notifications in one unit of work; returns how many were applied."""
+        delivered: list[Delivered] = []
+        triggers: list[ReviewTrigger] = []
+        count = 0
+        with self.views.unit_of_work(self.parts, now=None) as w:
+            for note in notes:
+                event = self.app.mapper.to_domain_event(note)
+                effects = self.delivery.process(event, note.id, w)
+                delivered.extend(effects)
+                if isinstance(event, Conversation.MessageSent):
+                    tenant = effects[0].tenant if effects else "-"
+                    bucket = self.params.size_bucket(event.member_count).value
+                    triggers.extend(self.capacity.observe(event.at, tenant, bucket, event.fanout_entries, note.id))
+                    w.put_capacity(CapacityProjection.name, self.capacity.state())
+                w.track(DeliveryProjection.name, note.id)
+                count += 1
+                if w.mailbox_entries >= self.max_entries_per_commit:
+                    break
+            entries = w.mailbox_entries
+        self.processed += count
+        self.entries_written += entries
+        # Online push only after the mailbox entries are durable (invariant O).
+        if delivered and self.on_delivered is not None:
+            try:
+                self.on_delivered(delivered)
+            except Exception:
+                log.exception("online push failed (mailbox entries are durable)")
+        for t in triggers:
+            if self.on_trigger is not None:
+                try:
+                    self.on_trigger(t)
+                except Exception:
+                    log.exception("could not open review for %s", t.trigger)
+        return count
