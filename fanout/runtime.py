@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 from domain.params import Parameters
 from fanout.application import FanoutApplication
 from fanout.push import PushHub
+from fanout.queries import Queries
 from projections.capacity import ReviewTrigger
 from projections.delivery import Delivered
 from projections.sqlite import SqliteViews
@@ -84,6 +84,7 @@ class EmbeddedRuntime:
                 message_sender=self._message_sender,
                 conversations_in_scope=self._conversations_in_scope,
             )
+            self.queries = Queries(self.views, self.params)
             self.hub = PushHub(self.views)
             self.runner = EmbeddedRunner(
                 self.app,
@@ -149,5 +150,3 @@ class EmbeddedRuntime:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-
-_threads_lock = threading.Lock()

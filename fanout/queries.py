@@ -1,0 +1,195 @@
+"""The query side used by the API, the WebSocket sync and the CLI: reads of the views
+shaped as the contract of SPEC section 6. No writes here."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from domain.delivery import MENTION_FLAGS
+from domain.errors import InvalidArgument, NotAMember, NotFound
+from domain.params import Parameters, SizeBucket
+from domain.policy import alpha_of, equivalent_threshold
+from projections.sqlite import SqliteViews
+from projections.state import session_view
+
+SESSION_BATCH = 500
+MAX_PAGE = 1000
+
+
+class Queries:
+    def __init__(self, views: SqliteViews, params: Parameters) -> None:
+        self.views = views
+        self.params = params
+
+    # -- login sync ------------------------------------------------------------
+
+    def session_list(self, tenant: str, user_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(sessions[], big_group_heads[]): the user's own state rows plus one batched
+        read of heads; most recent activity first."""
+        sessions: list[dict[str, Any]] = []
+        big: list[dict[str, Any]] = []
+        for state, head in self.views.user_sessions(tenant, user_id):
+            policy = head["write_policy"]
+            item = session_view(state, head, policy)
+            item["_at"] = head["last_activity_at"] or 0.0
+            sessions.append(item)
+            if policy == "mention_only":
+                big.append(
+                    {
+                        "conversation_id": head["conversation_id"],
+                        "latest_conversation_seq": head["latest_conversation_seq"],
+                        "last_activity_id": head["last_activity_id"],
+                        "preview": head["preview"],
+                        "unread_estimate": item["unread_count"],
+                        "_at": item["_at"],
+                    }
+                )
+        sessions.sort(key=lambda s: -s["_at"])
+        big.sort(key=lambda s: -s["_at"])
+        for x in (*sessions, *big):
+            del x["_at"]
+        return sessions, big
+
+    def session_batches(self, tenant: str, user_id: str, size: int = SESSION_BATCH) -> list[dict[str, Any]]:
+        """SESSION_LIST_BATCH frames; BIG_GROUP_HEADS ride the same channel (ADR 4b)."""
+        sessions, big = self.session_list(tenant, user_id)
+        frames = []
+        n = max(1, -(-len(sessions) // size), -(-len(big) // size))
+        for i in range(n):
+            frames.append(
+                {
+                    "type": "SESSION_LIST_BATCH",
+                    "sessions": sessions[i * size : (i + 1) * size],
+                    "big_group_heads": big[i * size : (i + 1) * size],
+                    "last": i == n - 1,
+                }
+            )
+        return frames
+
+    # -- mailbox and history -------------------------------------------------
+
+    def mailbox(self, tenant: str, user_id: str, after: int, limit: int) -> dict[str, Any]:
+        _check_page(after, limit)
+        rows = self.views.mailbox_page(tenant, user_id, after, limit)
+        entries = [
+            {
+                "cursor": pos,
+                "conversation_id": cid,
+                "conversation_seq": seq,
+                "mention": bool(flags & MENTION_FLAGS),
+                "flags": flags,
+            }
+            for _user, pos, seq, cid, flags in rows
+        ]
+        return {"entries": entries, "next_after": rows[-1][1] if rows else after, "more": len(rows) == limit}
+
+    def require_member(self, tenant: str, conversation_id: str, user_id: str) -> dict[str, Any]:
+        if self.views.head(tenant, conversation_id) is None:
+            raise NotFound(f"conversation {conversation_id} not found", conversation_id=conversation_id)
+        state = self.views.state(tenant, user_id, conversation_id)
+        if state is None:
+            raise NotAMember(f"{user_id} is not a member of {conversation_id}", user_id=user_id)
+        return state
+
+    def history(self, tenant: str, conversation_id: str, user_id: str, after_seq: int, limit: int) -> dict[str, Any]:
+        """PULL_HISTORY: messages after after_seq, for a member."""
+        _check_page(after_seq, limit)
+        self.require_member(tenant, conversation_id, user_id)
+        msgs = self.views.messages(tenant, conversation_id, after_seq, limit)
+        head = self.views.head(tenant, conversation_id) or {}
+        return {
+            "conversation_id": conversation_id,
+            "messages": msgs,
+            "latest_conversation_seq": head.get("latest_conversation_seq", 0),
+            "more": len(msgs) == limit,
+        }
+
+    # -- heads and cost records --------------------------------------------------
+
+    def head(self, tenant: str, conversation_id: str) -> dict[str, Any]:
+        head = self.views.head(tenant, conversation_id)
+        if head is None:
+            raise NotFound(f"conversation {conversation_id} not found", conversation_id=conversation_id)
+        return {
+            "conversation_id": conversation_id,
+            "title": head["title"],
+            "latest_conversation_seq": head["latest_conversation_seq"],
+            "last_activity_id": head["last_activity_id"],
+            "preview": head["preview"],
+            "member_count": head["member_count"],
+            "size_bucket": head["size_bucket"],
+            "write_policy": head["write_policy"],
+        }
+
+    def delivery(self, tenant: str, conversation_id: str, seq: int) -> dict[str, Any]:
+        """The cost record (SPEC section 2): body O(1), head O(1), shards O(S),
+        mailbox entries O(N), online pushes O(O)."""
+        rec = self.views.delivery(tenant, conversation_id, seq)
+        if rec is None:
+            if self.views.head(tenant, conversation_id) is None:
+                raise NotFound(f"conversation {conversation_id} not found", conversation_id=conversation_id)
+            raise NotFound(f"message {seq} of {conversation_id} is not projected (yet)", conversation_seq=seq)
+        return {
+            "conversation_id": conversation_id,
+            "conversation_seq": seq,
+            "message_id": rec["message_id"],
+            "write_policy": rec["write_policy"],
+            "member_count": rec["member_count"],
+            "body_writes": 1,
+            "body_bytes": rec["body_bytes"],
+            "head_writes": 1,
+            "shards": rec["shards"],
+            "mailbox_entries": rec["mailbox_entries"],
+            "online_pushes": rec["online_pushes"] or 0,
+            "materialized_at": rec["materialized_at"],
+        }
+
+    # -- admin -------------------------------------------------------------------
+
+    def alpha_by_bucket(self, tenant: str | None, now: float | None = None) -> dict[str, dict[str, Any]]:
+        """alpha (active members / members) per conversation, summarized per size bucket."""
+        now = time.time() if now is None else now
+        per: dict[str, list[tuple[str, int, float]]] = {b.value: [] for b in SizeBucket}
+        con = self.views.reader()
+        for head in self.views.all_heads():
+            if tenant is not None and head["tenant"] != tenant:
+                continue
+            actives = [
+                r[0]
+                for r in con.execute(
+                    "SELECT last_active FROM states INDEXED BY states_by_conversation WHERE tenant=? AND conversation_id=?",
+                    (head["tenant"], head["conversation_id"]),
+                )
+            ]
+            n, alpha = alpha_of(actives, now, self.params.activity_window)
+            per[head["size_bucket"]].append((head["conversation_id"], n, alpha))
+        out = {}
+        for bucket, rows in per.items():
+            alphas = sorted(a for _, _, a in rows)
+            out[bucket] = {
+                "conversations": len(rows),
+                "members": sum(n for _, n, _ in rows),
+                "alpha_mean": sum(alphas) / len(alphas) if alphas else None,
+                "alpha_p50": alphas[len(alphas) // 2] if alphas else None,
+                "alpha_p90": alphas[min(len(alphas) - 1, int(len(alphas) * 0.9))] if alphas else None,
+                "per_conversation": [{"conversation_id": c, "members": n, "alpha": a} for c, n, a in rows],
+            }
+        return out
+
+    @staticmethod
+    def criterion(n: int, alpha: float, min_saving: float, max_active_ratio: float) -> dict[str, Any]:
+        """The enter criterion of the ADR supplement for one conversation."""
+        n_eq = equivalent_threshold(min_saving, alpha)
+        return {
+            "saving": n * (1 - alpha),
+            "n_eq": n_eq,
+            "meets": n * (1 - alpha) > min_saving and alpha < max_active_ratio,
+        }
+
+
+def _check_page(after: int, limit: int) -> None:
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise InvalidArgument("after must be a non-negative integer", field="after")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+        raise InvalidArgument(f"limit must be an integer from 1 to {MAX_PAGE}", field="limit")
