@@ -24,8 +24,16 @@ MAX_ID_LENGTH = 128
 
 
 def check_id(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
-        raise InvalidArgument(f"{what} must be a non-empty string of at most {MAX_ID_LENGTH} characters", field=what)
+    """Ids are 1..128 characters without control characters (they end mailbox keys)."""
+    if (
+        not isinstance(value, str)
+        or not value
+        or len(value) > MAX_ID_LENGTH
+        or any(ord(c) < 32 or c == "\x7f" for c in value)
+    ):
+        raise InvalidArgument(
+            f"{what} must be a string of 1 to {MAX_ID_LENGTH} characters without control characters", field=what
+        )
     return value
 
 
@@ -154,9 +162,7 @@ class Conversation(Aggregate):
         mentioned = sorted({m for m in mentions if m in self.members and m != sender})
         reply_user = reply_to_user if reply_to_user in self.members else None
         targets = Targets(sender, tuple(mentioned), reply_user, mention_all, announcement)
-        members = dict(self.members)
-        members[sender] = now  # sending is activity
-        entries = sum(1 for _ in materialized_members(self.policy, members, targets, now, params.activity_window))
+        entries = self._entries_for(targets, now, params)
         wait = quota.retry_after(entries, now, params)
         if wait > 0:
             raise FanoutQuotaExceeded(
@@ -186,6 +192,14 @@ class Conversation(Aggregate):
         )
         quota.charge(entries=entries, conversation_id=self.conversation_id, params=params, now=now)
         return seq
+
+    def _entries_for(self, targets: Targets, now: float, params: Parameters) -> int:
+        """The mailbox entries this message will create: what the tenant quota is charged."""
+        if self.policy is WritePolicy.ALWAYS or targets.broadcast:
+            return len(self.members)
+        members = dict(self.members)
+        members[targets.sender] = now  # sending is activity
+        return sum(1 for _ in materialized_members(self.policy, members, targets, now, params.activity_window))
 
     def _rate_bucket(self, rate: float, now: float) -> TokenBucket:
         if self.rate_bucket is None:
@@ -277,6 +291,8 @@ class Conversation(Aggregate):
         """Evaluated at membership changes, sends, alpha updates and tier changes.
         `tier` is the tier of the scope this conversation is governed by: the one it
         entered mention_only under, or its current size bucket's when in always."""
+        if self.policy is WritePolicy.ALWAYS and not tier.enabled:
+            return None  # nothing to decide: skip the O(N) alpha pass on the hot path
         n, alpha = alpha_of(self.members.values(), now, params.activity_window)
         switch = decide(self.policy, tier, n, alpha, now, self.last_switch_at, params)
         if switch is not None:

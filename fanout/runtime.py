@@ -76,7 +76,7 @@ class EmbeddedRuntime:
         if self._lock is not None:
             self._lock.acquire()
         try:
-            self.views = SqliteViews(self.data_dir)
+            self.views = SqliteViews(self.data_dir, shards=self.params.mailbox_shards)
             self.app = FanoutApplication(
                 self.params,
                 event_store_env(self.data_dir),

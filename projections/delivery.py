@@ -8,7 +8,6 @@ write per shard; the only O(N) write is the mailbox reference."""
 
 from __future__ import annotations
 
-import zlib
 from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -20,14 +19,11 @@ from domain.delivery import MENTION_ALL, ANNOUNCEMENT, Targets, materialized_mem
 from domain.params import Parameters, WritePolicy
 from domain.policy import is_active
 from domain.tier import Review, Tier
-from projections.ports import MailboxEntry, ViewStore, ViewWriter
+from projections.ports import MessageRefs, ViewStore, ViewWriter
+from projections.sharding import shard_of
 from projections.state import MemberState
 
 PREVIEW_LENGTH = 80
-
-
-def shard_of(user_id: str, shards: int) -> int:
-    return zlib.crc32(user_id.encode()) % shards
 
 
 @dataclass
@@ -39,12 +35,47 @@ class ConversationModel:
     broadcast_seqs: list[int] = field(default_factory=list)
     shards: dict[str, int] = field(default_factory=dict)  # user -> MailboxShard, cached
     skipping: set[str] = field(default_factory=set)  # members with an open gap
+    _by_shard: dict[int, list[str]] | None = None
+    _unsorted: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.skipping = {u for u, s in self.members.items() if s.skipping}
 
     def broadcasts_upto(self, seq: int) -> int:
         return bisect_right(self.broadcast_seqs, seq)
+
+    def shard(self, user_id: str, n_shards: int) -> int:
+        s = self.shards.get(user_id)
+        if s is None:
+            s = self.shards[user_id] = shard_of(user_id, n_shards)
+        return s
+
+    def shard_lists(self, n_shards: int) -> dict[int, list[str]]:
+        """Members per MailboxShard, each list sorted by user id (the mailbox key
+        order), built once and kept up to date on join/leave."""
+        if self._by_shard is None:
+            by: dict[int, list[str]] = {}
+            for u in self.members:
+                by.setdefault(self.shard(u, n_shards), []).append(u)
+            self._by_shard = by
+            self._unsorted = set(by)
+        for shard in self._unsorted:
+            self._by_shard[shard].sort()
+        self._unsorted.clear()
+        return self._by_shard
+
+    def joined(self, users: list[str], n_shards: int) -> None:
+        if self._by_shard is not None:
+            for u in users:
+                shard = self.shard(u, n_shards)
+                self._by_shard.setdefault(shard, []).append(u)
+                self._unsorted.add(shard)
+
+    def left(self, user_id: str, n_shards: int) -> None:
+        if self._by_shard is not None:
+            lst = self._by_shard.get(self.shard(user_id, n_shards))
+            if lst is not None and user_id in lst:
+                lst.remove(user_id)
 
 
 @dataclass(frozen=True)
@@ -145,13 +176,15 @@ class DeliveryProjection:
         new = [(u, MemberState(read_seq=e.at_seq, joined_seq=e.at_seq, broadcast_base=base)) for u in e.user_ids]
         for u, s in new:
             m.members[u] = s
+        m.joined(e.user_ids, self.params.mailbox_shards)
         w.put_states(m.tenant, m.conversation_id, new)
         self._put_head(m, w)
 
     @_process.register
     def _left(self, e: Conversation.MemberLeft, position: int, w: ViewWriter) -> None:
         m = self._conv(e)
-        m.members.pop(e.user_id, None)
+        if m.members.pop(e.user_id, None) is not None:
+            m.left(e.user_id, self.params.mailbox_shards)
         m.skipping.discard(e.user_id)
         w.delete_state(m.tenant, m.conversation_id, e.user_id)
         self._put_head(m, w)
@@ -195,9 +228,15 @@ class DeliveryProjection:
         recipients = materialized_members(policy, activity, targets, e.at, self.params.activity_window)
         everyone = policy is WritePolicy.ALWAYS or broadcast
         materialized = None if everyone else frozenset(recipients)
-        shards = self._mailbox_batches(m, position, seq, targets, m.members if everyone else materialized or ())
+        shards = self._recipients_by_shard(m, materialized)
+        base = (ANNOUNCEMENT if targets.announcement else 0) | (MENTION_ALL if targets.mention_all else 0)
+        special = {
+            u: targets.flags_for(u)
+            for u in (*targets.personal(), targets.sender)
+            if u in m.members and (materialized is None or u in materialized)
+        }
         entries = sum(len(b) for b in shards.values())
-        w.put_mailbox(tenant, shards)
+        w.put_mailbox(tenant, MessageRefs(cid, position, seq, base, special, shards))
 
         changed: list[tuple[str, MemberState]] = []
         if sender_state is not None:
@@ -229,27 +268,16 @@ class DeliveryProjection:
         )
         return [Delivered(tenant, cid, seq, message, materialized, m.members.__contains__)]
 
-    def _mailbox_batches(
-        self, m: ConversationModel, position: int, seq: int, targets: Targets, recipients: Iterable[str]
-    ) -> dict[int, list[MailboxEntry]]:
-        """The hot loop: one tuple per recipient, grouped per MailboxShard."""
+    def _recipients_by_shard(self, m: ConversationModel, materialized: frozenset[str] | None) -> dict[int, list[str]]:
+        """Recipients grouped per MailboxShard. In always (the hot path) the grouping
+        is kept up to date on join/leave, so a message costs no per-member work here."""
+        if materialized is None:
+            return m.shard_lists(self.params.mailbox_shards)
         n_shards = self.params.mailbox_shards
-        shard_cache = m.shards
-        base = (ANNOUNCEMENT if targets.announcement else 0) | (MENTION_ALL if targets.mention_all else 0)
-        special = targets.personal()
-        special.add(targets.sender)
-        cid = m.conversation_id
-        batches: dict[int, list[MailboxEntry]] = {}
-        for u in recipients:
-            shard = shard_cache.get(u)
-            if shard is None:
-                shard = shard_cache[u] = shard_of(u, n_shards)
-            flags = targets.flags_for(u) if u in special else base
-            batch = batches.get(shard)
-            if batch is None:
-                batch = batches[shard] = []
-            batch.append((u, position, seq, cid, flags))
-        return batches
+        out: dict[int, list[str]] = {}
+        for u in sorted(materialized):
+            out.setdefault(m.shard(u, n_shards), []).append(u)
+        return out
 
     def _gap_transitions(
         self, m: ConversationModel, seq: int, at: float, sender: str, materialized: frozenset[str] | None

@@ -17,21 +17,33 @@ MailboxEntry = tuple[str, int, int, str, int]
 
 
 @dataclass(frozen=True)
-class MailboxPage:
-    entries: list[dict[str, Any]]
-    next_after: int
+class MessageRefs:
+    """The mailbox references of one message: every user in `shards` gets an entry
+    with `flags`, except users in `special` (sender, mentioned, replied-to; always
+    recipients too), who get their own flags. Grouped per MailboxShard."""
+
+    conversation_id: str
+    pos: int
+    seq: int
+    flags: int
+    special: dict[str, int]
+    shards: dict[int, list[str]]
 
 
 class MailboxStore(Protocol):
     """UserMailboxEntry, keyed (tenant, user_id, pos): the O(N) write."""
 
-    def write_shards(self, tenant: str, shards: dict[int, list[MailboxEntry]]) -> None:
-        """Idempotent: writing the same entries again stores nothing new."""
+    def write(self, tenant: str, refs: MessageRefs) -> int:
+        """One batch per shard; idempotent (writing the same refs again adds nothing).
+        Returns the number of entries written."""
 
     def read(self, tenant: str, user_id: str, after: int, until: int, limit: int) -> list[MailboxEntry]:
         """Entries with after < pos <= until in pos order."""
 
     def count(self) -> int: ...
+
+    def all_entries(self) -> Iterator[tuple[str, str, int, int, str, int]]:
+        """(tenant, user_id, pos, conversation_seq, conversation_id, flags) in key order."""
 
     def flush(self) -> None:
         """Make every written entry durable."""
@@ -46,7 +58,7 @@ class ViewWriter(Protocol):
 
     def put_message(self, tenant: str, conversation_id: str, message: dict[str, Any]) -> None: ...
 
-    def put_mailbox(self, tenant: str, shards: dict[int, list[MailboxEntry]]) -> None: ...
+    def put_mailbox(self, tenant: str, refs: MessageRefs) -> None: ...
 
     def put_states(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, MemberState]]) -> None: ...
 

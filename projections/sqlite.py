@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from projections.ports import MailboxEntry
+from projections.ports import MailboxEntry, MailboxStore, MessageRefs
 from projections.state import MemberState
 
 VIEWS_SCHEMA = """
@@ -117,22 +117,22 @@ class SqliteMailbox:
             con = self._local.con = connect(self.path)
         return con
 
-    def write_shards(self, tenant: str, shards: dict[int, list[MailboxEntry]]) -> None:
+    def write(self, tenant: str, refs: MessageRefs) -> int:
         con = self._write
+        n = 0
+        pos, seq, cid, special = refs.pos, refs.seq, refs.conversation_id, refs.special
         con.execute("BEGIN")
         try:
-            for shard in sorted(shards):
-                # One statement per MailboxShard batch, rows in key order.
-                batch = shards[shard]
-                batch.sort()
-                con.executemany(
-                    "INSERT OR IGNORE INTO mailbox VALUES (?, ?, ?, ?, ?, ?)",
-                    [(tenant, *row) for row in batch],
-                )
+            for shard in sorted(refs.shards):
+                # One statement per MailboxShard batch.
+                rows = [(tenant, u, pos, seq, cid, special.get(u, refs.flags)) for u in refs.shards[shard]]
+                con.executemany("INSERT OR IGNORE INTO mailbox VALUES (?, ?, ?, ?, ?, ?)", rows)
+                n += len(rows)
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
             raise
+        return n
 
     def read(self, tenant: str, user_id: str, after: int, until: int, limit: int) -> list[MailboxEntry]:
         rows = self._reader().execute(
@@ -165,7 +165,7 @@ class SqliteWriter:
     def __init__(self, con: sqlite3.Connection, parts: frozenset[str]) -> None:
         self.con = con
         self.parts = parts
-        self.mailbox: list[tuple[str, dict[int, list[MailboxEntry]]]] = []
+        self.mailbox: list[tuple[str, MessageRefs]] = []
         self.mailbox_entries = 0
         self.deliveries: list[tuple[str, str, int]] = []
         self.positions: dict[str, int] = {}
@@ -204,11 +204,11 @@ class SqliteWriter:
             ),
         )
 
-    def put_mailbox(self, tenant: str, shards: dict[int, list[MailboxEntry]]) -> None:
-        if "mailbox" not in self.parts or not shards:
+    def put_mailbox(self, tenant: str, refs: MessageRefs) -> None:
+        if "mailbox" not in self.parts or not refs.shards:
             return
-        self.mailbox.append((tenant, shards))
-        self.mailbox_entries += sum(len(b) for b in shards.values())
+        self.mailbox.append((tenant, refs))
+        self.mailbox_entries += sum(len(b) for b in refs.shards.values())
 
     def put_states(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, MemberState]]) -> None:
         if "state" not in self.parts:
@@ -271,13 +271,19 @@ ALL_PARTS = frozenset({"mailbox", "state", "heads"})
 class SqliteViews:
     """The views database plus the mailbox store; one writer, many readers."""
 
-    def __init__(self, data_dir: Path | str, mailbox: Any = None, *, prefix: str = "") -> None:
+    def __init__(
+        self, data_dir: Path | str, mailbox: MailboxStore | None = None, *, prefix: str = "", shards: int = 16
+    ) -> None:
         self.dir = Path(data_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / f"{prefix}views.sqlite"
         self._con = connect(self.path)
         self._con.executescript(VIEWS_SCHEMA)
-        self.mailbox = mailbox if mailbox is not None else SqliteMailbox(self.dir / f"{prefix}mailbox.sqlite")
+        if mailbox is None:
+            from projections.rocksdb import RocksMailbox
+
+            mailbox = RocksMailbox(self.dir / f"{prefix}mailbox.rocksdb", shards)
+        self.mailbox: MailboxStore = mailbox
         self._local = threading.local()
         self._write_lock = threading.Lock()
 
@@ -293,8 +299,8 @@ class SqliteViews:
             con.execute("BEGIN IMMEDIATE")
             try:
                 yield w
-                for tenant, shards in w.mailbox:
-                    self.mailbox.write_shards(tenant, shards)
+                for tenant, refs in w.mailbox:
+                    self.mailbox.write(tenant, refs)
                 if w.mailbox:
                     self.mailbox.flush()
                 if w.deliveries:
