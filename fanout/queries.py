@@ -4,6 +4,7 @@ shaped as the contract of SPEC section 6. No writes here."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from domain.delivery import MENTION_FLAGS
@@ -11,7 +12,7 @@ from domain.errors import InvalidArgument, NotAMember, NotFound
 from domain.params import Parameters, SizeBucket
 from domain.policy import alpha_of, equivalent_threshold
 from projections.sqlite import SqliteViews
-from projections.state import session_view
+from projections.state import session_item
 
 SESSION_BATCH = 500
 MAX_PAGE = 1000
@@ -24,48 +25,40 @@ class Queries:
 
     # -- login sync ------------------------------------------------------------
 
+    def session_batches(self, tenant: str, user_id: str, size: int = SESSION_BATCH) -> Iterator[dict[str, Any]]:
+        """SESSION_LIST_BATCH frames, most recent activity first, produced lazily so the
+        first frame goes out before the rest is read. BIG_GROUP_HEADS (the user's
+        mention_only groups) ride the same frames (ADR minimal change set b)."""
+        pending: dict[str, Any] | None = None
+        for rows in self.views.session_rows(tenant, user_id, size):
+            sessions = [session_item(r) for r in rows]
+            big = [
+                {
+                    "conversation_id": s["conversation_id"],
+                    "latest_conversation_seq": s["latest_conversation_seq"],
+                    "last_activity_id": s["last_activity_id"],
+                    "preview": s["preview"],
+                    "unread_estimate": s["unread_count"],
+                }
+                for s in sessions
+                if s["write_policy"] == "mention_only"
+            ]
+            if pending is not None:
+                yield pending
+            pending = {"type": "SESSION_LIST_BATCH", "sessions": sessions, "big_group_heads": big, "last": False}
+        if pending is None:
+            pending = {"type": "SESSION_LIST_BATCH", "sessions": [], "big_group_heads": [], "last": False}
+        pending["last"] = True
+        yield pending
+
     def session_list(self, tenant: str, user_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """(sessions[], big_group_heads[]): the user's own state rows plus one batched
-        read of heads; most recent activity first."""
+        """(sessions[], big_group_heads[]) in one piece, for GET /v1/me/sessions."""
         sessions: list[dict[str, Any]] = []
         big: list[dict[str, Any]] = []
-        for state, head in self.views.user_sessions(tenant, user_id):
-            policy = head["write_policy"]
-            item = session_view(state, head, policy)
-            item["_at"] = head["last_activity_at"] or 0.0
-            sessions.append(item)
-            if policy == "mention_only":
-                big.append(
-                    {
-                        "conversation_id": head["conversation_id"],
-                        "latest_conversation_seq": head["latest_conversation_seq"],
-                        "last_activity_id": head["last_activity_id"],
-                        "preview": head["preview"],
-                        "unread_estimate": item["unread_count"],
-                        "_at": item["_at"],
-                    }
-                )
-        sessions.sort(key=lambda s: -s["_at"])
-        big.sort(key=lambda s: -s["_at"])
-        for x in (*sessions, *big):
-            del x["_at"]
+        for frame in self.session_batches(tenant, user_id):
+            sessions.extend(frame["sessions"])
+            big.extend(frame["big_group_heads"])
         return sessions, big
-
-    def session_batches(self, tenant: str, user_id: str, size: int = SESSION_BATCH) -> list[dict[str, Any]]:
-        """SESSION_LIST_BATCH frames; BIG_GROUP_HEADS ride the same channel (ADR 4b)."""
-        sessions, big = self.session_list(tenant, user_id)
-        frames = []
-        n = max(1, -(-len(sessions) // size), -(-len(big) // size))
-        for i in range(n):
-            frames.append(
-                {
-                    "type": "SESSION_LIST_BATCH",
-                    "sessions": sessions[i * size : (i + 1) * size],
-                    "big_group_heads": big[i * size : (i + 1) * size],
-                    "last": i == n - 1,
-                }
-            )
-        return frames
 
     # -- mailbox and history -------------------------------------------------
 

@@ -394,23 +394,28 @@ class SqliteViews:
         ).fetchone()
         return dict(row) if row else None
 
-    def user_sessions(self, tenant: str, user_id: str) -> list[tuple[sqlite3.Row, sqlite3.Row]]:
-        """The user's own state rows, then one batched read of their heads (ADR section 3:
-        no per-conversation query at login)."""
-        con = self.reader()
-        states = con.execute("SELECT * FROM states WHERE tenant=? AND user_id=?", (tenant, user_id)).fetchall()
-        if not states:
-            return []
-        heads: dict[str, sqlite3.Row] = {}
-        ids = [s["conversation_id"] for s in states]
-        for i in range(0, len(ids), 5000):
-            chunk = ids[i : i + 5000]
-            for h in con.execute(
-                f"SELECT * FROM heads WHERE tenant=? AND conversation_id IN ({','.join('?' * len(chunk))})",
-                (tenant, *chunk),
-            ):
-                heads[h["conversation_id"]] = h
-        return [(s, heads[s["conversation_id"]]) for s in states if s["conversation_id"] in heads]
+    def session_rows(self, tenant: str, user_id: str, batch: int) -> Iterator[list[tuple[Any, ...]]]:
+        """The login read (ADR section 3): the user's own state rows joined to their
+        heads in one query, most recent activity first, in batches; never a query per
+        conversation."""
+        con = connect(self.path, readonly=True)
+        con.row_factory = None
+        try:
+            cur = con.execute(
+                "SELECT s.conversation_id, h.write_policy, h.latest_conversation_seq, s.read_seq, "
+                "s.delivered_seq, s.skipping, s.gap_end, s.rebuilt_seq, s.mention_seqs, s.broadcast_base, "
+                "h.broadcasts, h.last_activity_id, h.preview "
+                "FROM states s JOIN heads h ON h.tenant = s.tenant AND h.conversation_id = s.conversation_id "
+                "WHERE s.tenant = ? AND s.user_id = ? ORDER BY h.last_activity_at DESC, s.conversation_id",
+                (tenant, user_id),
+            )
+            while True:
+                rows = cur.fetchmany(batch)
+                if not rows:
+                    return
+                yield rows
+        finally:
+            con.close()
 
     def messages(self, tenant: str, conversation_id: str, after_seq: int, limit: int) -> list[dict[str, Any]]:
         rows = self.reader().execute(

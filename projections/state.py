@@ -54,28 +54,41 @@ class MemberState:
         )
 
 
-def session_view(state: Any, head: Any, write_policy: str) -> dict[str, Any]:
-    """One sessions[] item of SESSION_LIST_BATCH, from a state row and its head."""
-    latest = head["latest_conversation_seq"]
-    read_seq = state["read_seq"]
-    delivered = state["delivered_seq"]
-    gap_end = latest if state["skipping"] else state["gap_end"]
-    exact = delivered is None or max(read_seq, state["rebuilt_seq"]) >= (gap_end or 0)
-    ms = state["mention_seqs"]
-    personal = len(ms.split(",")) if ms else 0
+# Columns of the login query (SqliteViews.session_rows): the user's state joined to its head.
+SESSION_COLUMNS = (
+    "conversation_id",
+    "write_policy",
+    "latest_conversation_seq",
+    "read_seq",
+    "delivered_seq",
+    "skipping",
+    "gap_end",
+    "rebuilt_seq",
+    "mention_seqs",
+    "broadcast_base",
+    "broadcasts",
+    "last_activity_id",
+    "preview",
+)
+
+
+def session_item(row: tuple[Any, ...]) -> dict[str, Any]:
+    """One sessions[] item of SESSION_LIST_BATCH from one row of SESSION_COLUMNS."""
+    (cid, policy, latest, read_seq, delivered, skipping, gap_end, rebuilt, ms, b_base, broadcasts, last_id, preview) = row
+    # With send-marks-read and state dropped on leave, every message after read_seq
+    # was sent to this member by someone else (ADR 0002): unread is latest - read.
+    exact = delivered is None or max(read_seq, rebuilt) >= (latest if skipping else (gap_end or 0))
     item: dict[str, Any] = {
-        "conversation_id": head["conversation_id"],
-        "write_policy": write_policy,
+        "conversation_id": cid,
+        "write_policy": policy,
         "latest_conversation_seq": latest,
         "read_conversation_seq": read_seq,
-        # With send-marks-read and state dropped on leave, every message after
-        # read_seq was sent to this member by someone else (ADR 0002).
-        "unread_count": max(0, latest - read_seq),
+        "unread_count": latest - read_seq if latest > read_seq else 0,
         "unread_exact": exact,
-        "mention_count": personal + head["broadcasts"] - state["broadcast_base"],
-        "last_activity_id": head["last_activity_id"],
-        "preview": head["preview"],
+        "mention_count": (ms.count(",") + 1 if ms else 0) + broadcasts - b_base,
+        "last_activity_id": last_id,
+        "preview": preview,
     }
-    if write_policy == "mention_only" or not exact or delivered is not None:
+    if delivered is not None or policy == "mention_only" or not exact:
         item["delivered_conversation_seq"] = latest if delivered is None else delivered
     return item
