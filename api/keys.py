@@ -1,0 +1,31 @@
+"""Typed application keys (aiohttp demos style) and the one way to call blocking code."""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from api.metrics import Metrics
+from fanout.runtime import EmbeddedRuntime
+
+T = TypeVar("T")
+
+MAX_BODY_BYTES = 1024 * 1024  # larger bodies are PAYLOAD_TOO_LARGE (client_max_size)
+
+RUNTIME = web.AppKey("runtime", EmbeddedRuntime)
+SECRET = web.AppKey("secret", str)
+METRICS = web.AppKey("metrics", Metrics)
+EXECUTOR = web.AppKey("executor", ThreadPoolExecutor)
+SOCKETS = web.AppKey("sockets", weakref.WeakSet[web.WebSocketResponse])
+
+
+async def blocking(app: web.Application, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Commands and view reads touch SQLite: run them off the event loop."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(app[EXECUTOR], partial(fn, *args, **kwargs))

@@ -1,0 +1,116 @@
+"""Prometheus metrics of one API app (SPEC section 6, `GET /metrics`).
+
+Each app has its own CollectorRegistry, so several apps (tests) never share series.
+Gauges that describe the runtime are read at scrape time; alpha is costly (one
+query per conversation), so it is refreshed at most every `alpha_refresh` seconds."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from domain.errors import FanoutError
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def capacity_rates(runtime: Any, attempts: int = 5) -> dict[str, float]:
+    """runner.capacity.rates() read from another thread than the projector's: the
+    window deque may change under the iteration, so retry a few times."""
+    for _ in range(attempts - 1):
+        try:
+            return dict(runtime.runner.capacity.rates())
+        except RuntimeError:  # deque mutated during iteration
+            continue
+    return dict(runtime.runner.capacity.rates())
+
+
+class Metrics:
+    def __init__(
+        self, runtime: Any, *, alpha_refresh: float = 30.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.runtime = runtime
+        self.registry = CollectorRegistry()
+        self.rejections = Counter(
+            "fanout_admission_rejections",
+            "Sends rejected by an admission gate (explicit RATE_LIMITED / FANOUT_QUOTA_EXCEEDED)",
+            ["reason", "gate"],
+            registry=self.registry,
+        )
+        self.send_seconds = Histogram(
+            "fanout_send_seconds",
+            "Time to admit and sequence one message (the command, not its fan-out)",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=self.registry,
+        )
+        self.registry.register(_RuntimeCollector(self, alpha_refresh, clock))
+
+    def rejected(self, error: FanoutError) -> None:
+        self.rejections.labels(reason=error.code, gate=str(error.details.get("gate", "unknown"))).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _RuntimeCollector:
+    def __init__(self, metrics: Metrics, alpha_refresh: float, clock: Callable[[], float]) -> None:
+        self.runtime = metrics.runtime
+        self.alpha_refresh = alpha_refresh
+        self.clock = clock
+        self._alpha: dict[str, dict[str, Any]] = {}
+        self._alpha_at: float | None = None
+        self._lock = threading.Lock()
+
+    def describe(self) -> list[Metric]:
+        return []  # collected lazily at scrape time
+
+    def alpha(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            now = self.clock()
+            if self._alpha_at is None or now - self._alpha_at >= self.alpha_refresh:
+                self._alpha = self.runtime.queries.alpha_by_bucket(None)
+                self._alpha_at = now
+            return self._alpha
+
+    def collect(self) -> Iterator[Metric]:
+        rt = self.runtime
+        rates = capacity_rates(rt)
+        yield GaugeMetricFamily(
+            "fanout_entries_per_sec",
+            "Mailbox entries written per second over the capacity window (T1 input)",
+            value=rates["fanout_entries_per_sec"],
+        )
+        yield GaugeMetricFamily(
+            "fanout_large_group_entries_per_sec",
+            "Mailbox entries of large groups per second over the capacity window (T2 input)",
+            value=rates["large_group_entries_per_sec"],
+        )
+        ratio = GaugeMetricFamily(
+            "conversation_active_member_ratio",
+            "alpha: active members / members, mean over the conversations of a size bucket",
+            labels=["size_bucket"],
+        )
+        for bucket, summary in self.alpha().items():
+            if summary["alpha_mean"] is not None:
+                ratio.add_metric([bucket], summary["alpha_mean"])
+        yield ratio
+        log_position = rt.runner.log_position()
+        yield GaugeMetricFamily(
+            "fanout_projection_lag",
+            "Events in the log not yet projected into the views",
+            value=max(0, log_position - rt.runner.position()),
+        )
+        yield CounterMetricFamily(
+            "fanout_review_triggers",
+            "Reviews opened by T1/T2 (they only open a review; a person decides)",
+            value=rt.review_triggers,
+        )
+        yield CounterMetricFamily(
+            "fanout_online_pushes", "Frames pushed to online devices (O(O) socket writes)", value=rt.hub.pushes_total
+        )
+        yield GaugeMetricFamily("fanout_online_connections", "Open WebSocket sessions", value=rt.hub.online_count())

@@ -1,0 +1,388 @@
+"""HTTP handlers (SPEC section 6). Each one: check who calls (by `@endpoint`), call the
+application or the queries off the event loop, shape the answer. Errors are raised as
+domain errors and turned into HTTP in one place (`api/errors.py`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiohttp import web
+
+from api import schemas
+from api.endpoint import ADMIN, SERVICE, USER, endpoint
+from api.keys import METRICS, RUNTIME, blocking
+from api.metrics import CONTENT_TYPE, capacity_rates
+from domain.errors import InvalidArgument, NotAMember, NotFound
+from domain.params import SizeBucket
+from fanout.application import review_dict
+from fanout.runtime import EmbeddedRuntime
+from fanout.security import Claims
+
+READ_THROUGH_TIMEOUT = 2.0
+
+
+# -- blocking helpers (run in the executor) ------------------------------------
+
+
+def caught_up(rt: EmbeddedRuntime, timeout: float = READ_THROUGH_TIMEOUT) -> None:
+    """Wait (briefly) until the views hold what was written before this request."""
+    if rt.runner.running and rt.runner.position() < rt.runner.log_position():
+        rt.runner.wait_until(rt.runner.log_position(), timeout)
+
+
+def read_through(rt: EmbeddedRuntime, fn: Any, *args: Any) -> Any:
+    """Read a view; on a miss, wait for the projection to catch up once and read again,
+    so a caller reads its own writes (a conversation it just created, a join)."""
+    try:
+        return fn(*args)
+    except (NotFound, NotAMember):
+        if not (rt.runner.running and rt.runner.position() < rt.runner.log_position()):
+            raise
+    caught_up(rt)
+    return fn(*args)
+
+
+def latest_seq(rt: EmbeddedRuntime, tenant: str, conversation_id: str) -> int:
+    """The command side's conversation_seq: the authority on which seqs exist."""
+    return int(rt.app.conversation(tenant, conversation_id).seq)
+
+
+def check_seq_exists(rt: EmbeddedRuntime, tenant: str, conversation_id: str, seq: int, field: str) -> None:
+    latest = latest_seq(rt, tenant, conversation_id)
+    if seq > latest:
+        raise InvalidArgument(
+            f"{field} {seq} is beyond the latest conversation_seq {latest}",
+            field=field,
+            latest_conversation_seq=latest,
+        )
+
+
+def history(rt: EmbeddedRuntime, tenant: str, conversation_id: str, user_id: str, after_seq: int, limit: int) -> Any:
+    read_through(rt, rt.queries.require_member, tenant, conversation_id, user_id)
+    check_seq_exists(rt, tenant, conversation_id, after_seq, "after_seq")
+    return rt.queries.history(tenant, conversation_id, user_id, after_seq, limit)
+
+
+def delivery(rt: EmbeddedRuntime, tenant: str, conversation_id: str, seq: int) -> dict[str, Any]:
+    check_seq_exists(rt, tenant, conversation_id, seq, "seq")
+    try:
+        return rt.queries.delivery(tenant, conversation_id, seq)
+    except NotFound:
+        # Accepted but not projected yet: materialized_at stays null until it is.
+        return {
+            "conversation_id": conversation_id,
+            "conversation_seq": seq,
+            "message_id": None,
+            "write_policy": None,
+            "member_count": None,
+            "body_writes": None,
+            "body_bytes": None,
+            "head_writes": None,
+            "shards": None,
+            "mailbox_entries": None,
+            "online_pushes": None,
+            "materialized_at": None,
+        }
+
+
+def session_item(rt: EmbeddedRuntime, tenant: str, user_id: str, conversation_id: str) -> dict[str, Any]:
+    sessions, big = rt.queries.session_list(tenant, user_id)
+    return {
+        "sessions": [s for s in sessions if s["conversation_id"] == conversation_id],
+        "big_group_heads": [h for h in big if h["conversation_id"] == conversation_id],
+    }
+
+
+def rebuild(rt: EmbeddedRuntime, tenant: str, conversation_id: str, user_id: str) -> dict[str, Any]:
+    """REBUILD, then the conversation's fresh session item once it is projected."""
+    result = rt.app.request_rebuild(tenant, conversation_id, user_id)
+    rt.wait_projected(timeout=10.0)
+    return {**result, **session_item(rt, tenant, user_id, conversation_id)}
+
+
+def review(rt: EmbeddedRuntime, tenant: str, review_id: str) -> dict[str, Any]:
+    with rt.app.lock:  # the repository's cache is shared with the command threads
+        return review_dict(rt.app.review(tenant, review_id))
+
+
+def review_list(rt: EmbeddedRuntime, tenant: str) -> list[dict[str, Any]]:
+    caught_up(rt)
+    return list(rt.views.reviews(tenant))
+
+
+def capacity(rt: EmbeddedRuntime, tenant: str) -> dict[str, Any]:
+    p = rt.params
+    rates = capacity_rates(rt)
+    firing = dict(rt.runner.capacity.firing)
+    fanout_rate, large_rate = rates["fanout_entries_per_sec"], rates["large_group_entries_per_sec"]
+    alpha = rt.queries.alpha_by_bucket(tenant)
+    return {
+        # Entries/s and budgets are platform-wide (T1/T2 watch the platform); alpha is this tenant's.
+        "window_s": p.capacity_window,
+        "fanout_entries_per_sec": fanout_rate,
+        "large_group_entries_per_sec": large_rate,
+        "platform_fanout_budget": p.platform_fanout_budget,
+        "mailbox_write_budget": p.mailbox_write_budget,
+        "budget_use": {
+            "platform_fanout": fanout_rate / p.platform_fanout_budget,
+            "mailbox_write_large_groups": large_rate / p.mailbox_write_budget,
+        },
+        "triggers": {
+            "T1": {"firing": bool(firing.get("T1", False)), "threshold_ratio": p.t1_ratio},
+            "T2": {"firing": bool(firing.get("T2", False)), "threshold_ratio": p.t2_ratio},
+        },
+        "alpha_by_bucket": {
+            b: {k: v for k, v in summary.items() if k != "per_conversation"} for b, summary in alpha.items()
+        },
+    }
+
+
+def projections(rt: EmbeddedRuntime) -> dict[str, Any]:
+    log_position = rt.runner.log_position()
+    positions = rt.views.positions() or {"delivery": rt.runner.position()}
+    return {
+        "log_position": log_position,
+        "running": rt.runner.running,
+        "projections": [
+            {
+                "name": name,
+                "position": position,
+                "log_position": log_position,
+                "lag": max(0, log_position - position),
+                "running": rt.runner.running,
+                "last_error": rt.runner.last_error,
+            }
+            for name, position in sorted(positions.items())
+        ],
+    }
+
+
+def seq_param(request: web.Request, name: str = "seq") -> int:
+    text = request.match_info[name]
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidArgument(f"{name} must be an integer", field=name) from None
+    if value < 1:
+        raise InvalidArgument(f"{name} must be a conversation_seq >= 1", field=name)
+    return value
+
+
+def reply(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status)
+
+
+# -- operations ------------------------------------------------------------------
+
+
+@endpoint("Process is up", roles=None)
+async def healthz(request: web.Request, who: None, data: None) -> web.Response:
+    return reply({"status": "ok"})
+
+
+@endpoint("Projectors running and the event store reachable; 503 otherwise", roles=None)
+async def readyz(request: web.Request, who: None, data: None) -> web.Response:
+    rt = request.app[RUNTIME]
+
+    def check() -> dict[str, Any]:
+        log_position = rt.runner.log_position()  # touches the event store
+        return {"running": rt.runner.running, "last_error": rt.runner.last_error, "log_position": log_position}
+
+    try:
+        state = await blocking(request.app, check)
+    except Exception as exc:  # an unreachable engine is "not ready", not an error of this request
+        state = {"running": rt.runner.running, "last_error": f"{type(exc).__name__}: {exc}"}
+    ready = bool(state["running"]) and state["last_error"] is None
+    return reply({"status": "ready" if ready else "not_ready", **state}, status=200 if ready else 503)
+
+
+@endpoint("Prometheus metrics (text format)", roles=None)
+async def metrics(request: web.Request, who: None, data: None) -> web.Response:
+    body = await blocking(request.app, request.app[METRICS].render)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+# -- service role -----------------------------------------------------------------
+
+
+@endpoint("Create a conversation", roles=SERVICE, body=schemas.CreateConversation, ok=201)
+async def create_conversation(request: web.Request, who: Claims, data: schemas.CreateConversation) -> web.Response:
+    rt = request.app[RUNTIME]
+    result = await blocking(
+        request.app, rt.app.create_conversation, who.tenant, data.conversation_id, data.title, data.members
+    )
+    return reply(result, status=201)
+
+
+@endpoint("Add members (bulk)", roles=SERVICE, body=schemas.AddMembers)
+async def add_members(request: web.Request, who: Claims, data: schemas.AddMembers) -> web.Response:
+    rt = request.app[RUNTIME]
+    cid = request.match_info["cid"]
+    return reply(await blocking(request.app, rt.app.add_members, who.tenant, cid, data.user_ids))
+
+
+@endpoint("Remove a member", roles=SERVICE)
+async def remove_member(request: web.Request, who: Claims, data: None) -> web.Response:
+    rt = request.app[RUNTIME]
+    cid, uid = request.match_info["cid"], request.match_info["uid"]
+    return reply(await blocking(request.app, rt.app.remove_member, who.tenant, cid, uid))
+
+
+@endpoint(
+    "Send a message",
+    roles=SERVICE,
+    body=schemas.SendMessage,
+    ok=201,
+    response=schemas.SendResult,
+    description="201 for a new message; 200 for a retry with the same client_msg_id (same seq, no duplicate).",
+)
+async def send_message(request: web.Request, who: Claims, data: schemas.SendMessage) -> web.Response:
+    rt = request.app[RUNTIME]
+    cid = request.match_info["cid"]
+    started = time.perf_counter()
+    result = await blocking(
+        request.app,
+        rt.app.send_message,
+        who.tenant,
+        cid,
+        sender=data.sender,
+        text=data.text,
+        mentions=data.mentions,
+        mention_all=data.mention_all,
+        reply_to_seq=data.reply_to_seq,
+        announcement=data.announcement,
+        client_msg_id=data.client_msg_id,
+    )
+    request.app[METRICS].send_seconds.observe(time.perf_counter() - started)
+    duplicate = bool(result.pop("duplicate", False))
+    return reply(result, status=200 if duplicate else 201)
+
+
+@endpoint("The conversation's head", roles=SERVICE)
+async def get_conversation(request: web.Request, who: Claims, data: None) -> web.Response:
+    rt = request.app[RUNTIME]
+    cid = request.match_info["cid"]
+    return reply(await blocking(request.app, read_through, rt, rt.queries.head, who.tenant, cid))
+
+
+@endpoint(
+    "The delivery (cost) record of one message",
+    roles=SERVICE,
+    description="materialized_at is null until every mailbox entry of the message is durable; poll it.",
+)
+async def get_delivery(request: web.Request, who: Claims, data: None) -> web.Response:
+    rt = request.app[RUNTIME]
+    cid, seq = request.match_info["cid"], seq_param(request)
+    return reply(await blocking(request.app, delivery, rt, who.tenant, cid, seq))
+
+
+# -- admin role ---------------------------------------------------------------------
+
+
+@endpoint("Open a review of the mention_only tier", roles=ADMIN, body=schemas.OpenReview, ok=201)
+async def open_review(request: web.Request, who: Claims, data: schemas.OpenReview) -> web.Response:
+    rt = request.app[RUNTIME]
+    result = await blocking(
+        request.app, rt.app.open_review, who.tenant, data.size_bucket, data.trigger, data.details, who.sub
+    )
+    return reply(result, status=201)
+
+
+@endpoint("List the tenant's reviews", roles=ADMIN)
+async def list_reviews(request: web.Request, who: Claims, data: None) -> web.Response:
+    rt = request.app[RUNTIME]
+    return reply({"reviews": await blocking(request.app, review_list, rt, who.tenant)})
+
+
+@endpoint("One review", roles=ADMIN)
+async def get_review(request: web.Request, who: Claims, data: None) -> web.Response:
+    rt = request.app[RUNTIME]
+    return reply(await blocking(request.app, review, rt, who.tenant, request.match_info["review_id"]))
+
+
+@endpoint("Decide a review", roles=ADMIN, body=schemas.DecideReview)
+async def decide_review(request: web.Request, who: Claims, data: schemas.DecideReview) -> web.Response:
+    rt = request.app[RUNTIME]
+    result = await blocking(
+        request.app,
+        rt.app.decide_review,
+        who.tenant,
+        request.match_info["review_id"],
+        data.decision,
+        who.sub,
+        read_diffusion_min_saving=data.read_diffusion_min_saving,
+        read_diffusion_max_active_ratio=data.read_diffusion_max_active_ratio,
+        note=data.note,
+    )
+    return reply(result)
+
+
+@endpoint("The tenant's tiers (one per size bucket)", roles=ADMIN)
+async def list_tiers(request: web.Request, who: Claims, data: None) -> web.Response:
+    rt = request.app[RUNTIME]
+    return reply({"tiers": await blocking(request.app, rt.app.tiers, who.tenant)})
+
+
+@endpoint(
+    "Roll a tier back: its conversations return to always at once",
+    roles=ADMIN,
+    body=schemas.RollBackTier,
+)
+async def roll_back_tier(request: web.Request, who: Claims, data: schemas.RollBackTier) -> web.Response:
+    rt = request.app[RUNTIME]
+    bucket = request.match_info["size_bucket"]
+    if bucket not in {b.value for b in SizeBucket}:
+        raise InvalidArgument(f"size_bucket must be one of {[b.value for b in SizeBucket]}", field="size_bucket")
+    return reply(await blocking(request.app, rt.app.roll_back_tier, who.tenant, bucket, who.sub, data.reason))
+
+
+@endpoint("Capacity: fan-out entries/s, budget use, T1/T2 state, alpha per size bucket", roles=ADMIN)
+async def get_capacity(request: web.Request, who: Claims, data: None) -> web.Response:
+    return reply(await blocking(request.app, capacity, request.app[RUNTIME], who.tenant))
+
+
+@endpoint("Each projector's position, the log position, lag and last error", roles=ADMIN)
+async def get_projections(request: web.Request, who: Claims, data: None) -> web.Response:
+    return reply(await blocking(request.app, projections, request.app[RUNTIME]))
+
+
+# -- user role ------------------------------------------------------------------------
+
+
+@endpoint("My session list: the items of SESSION_LIST_BATCH", roles=USER)
+async def my_sessions(request: web.Request, who: Claims, data: None) -> web.Response:
+    rt = request.app[RUNTIME]
+    sessions, big = await blocking(request.app, rt.queries.session_list, who.tenant, who.sub)
+    return reply({"sessions": sessions, "big_group_heads": big})
+
+
+@endpoint("My mailbox, by cursor (never skips an entry)", roles=USER, query=schemas.MailboxQuery)
+async def my_mailbox(request: web.Request, who: Claims, data: schemas.MailboxQuery) -> web.Response:
+    rt = request.app[RUNTIME]
+    return reply(await blocking(request.app, rt.queries.mailbox, who.tenant, who.sub, data.after, data.limit))
+
+
+@endpoint("MARK_READ", roles=USER, body=schemas.MarkRead)
+async def mark_read(request: web.Request, who: Claims, data: schemas.MarkRead) -> web.Response:
+    rt = request.app[RUNTIME]
+    cid = request.match_info["cid"]
+    return reply(await blocking(request.app, rt.app.mark_read, who.tenant, cid, who.sub, data.read_seq))
+
+
+@endpoint("PULL_HISTORY: messages after after_seq", roles=USER, query=schemas.HistoryQuery)
+async def my_history(request: web.Request, who: Claims, data: schemas.HistoryQuery) -> web.Response:
+    rt = request.app[RUNTIME]
+    cid = request.match_info["cid"]
+    return reply(await blocking(request.app, history, rt, who.tenant, cid, who.sub, data.after_seq, data.limit))
+
+
+@endpoint(
+    "REBUILD my state of a conversation",
+    roles=USER,
+    description="Returns once rebuilt, with the conversation's fresh sessions[] / big_group_heads[] items.",
+)
+async def my_rebuild(request: web.Request, who: Claims, data: None) -> web.Response:
+    rt = request.app[RUNTIME]
+    cid = request.match_info["cid"]
+    return reply(await blocking(request.app, rebuild, rt, who.tenant, cid, who.sub))

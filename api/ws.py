@@ -1,0 +1,170 @@
+"""WebSocket `/v1/ws` (SPEC section 6): AUTH -> AUTH_OK -> SESSION_LIST_BATCH... -> live
+MESSAGE / HEAD frames, plus MARK_READ, PULL_HISTORY and REBUILD from the client.
+
+After the session list, every outgoing frame goes through the connection's queue and
+one writer task, so replies and live pushes never interleave mid-frame."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import WSCloseCode, WSMsgType, web
+from pydantic import ValidationError
+
+from api import schemas
+from api.endpoint import USER, Spec, authorize, validation_details
+from api.keys import MAX_BODY_BYTES, RUNTIME, SECRET, SOCKETS, blocking
+from api.views import history, session_item
+from domain.errors import FanoutError, InvalidArgument
+from fanout.push import Connection
+from fanout.security import Claims, Unauthenticated, verify_token
+
+log = logging.getLogger("fanout.api.ws")
+
+AUTH_TIMEOUT = 10.0
+Emit = Callable[[dict[str, Any]], None]
+
+
+def error_frame(error: FanoutError) -> dict[str, Any]:
+    return {"type": "ERROR", "error": error.code, "message": error.message, "details": dict(error.details)}
+
+
+async def websocket(request: web.Request) -> web.StreamResponse:
+    ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=MAX_BODY_BYTES)
+    await ws.prepare(request)
+    sockets = request.app[SOCKETS]
+    sockets.add(ws)
+    try:
+        claims = await authenticate(request, ws)
+        if claims is not None:
+            await session(request, ws, claims)
+    finally:
+        sockets.discard(ws)
+        if not ws.closed:
+            await ws.close()
+    return ws
+
+
+websocket.spec = Spec(  # type: ignore[attr-defined]
+    "WebSocket sync: AUTH, SESSION_LIST_BATCH, live MESSAGE/HEAD, MARK_READ, PULL_HISTORY, REBUILD",
+    roles=None,
+    ok=101,
+    description=(
+        "Send AUTH{token} (a user token) first; anything else is answered by an ERROR frame and a close. "
+        "The server answers AUTH_OK, then one or more SESSION_LIST_BATCH frames (the last has last=true), "
+        "then live MESSAGE and HEAD frames. Client frames MARK_READ, PULL_HISTORY and REBUILD are answered by "
+        "READ_OK, HISTORY, REBUILD_OK (then a fresh SESSION_LIST_BATCH for that conversation); a failure is an "
+        "ERROR frame with the HTTP API's error codes, and the connection stays open. "
+        "Frame schemas: components/schemas/*Frame."
+    ),
+)
+
+
+async def authenticate(request: web.Request, ws: web.WebSocketResponse) -> Claims | None:
+    """The first frame must be AUTH{token} with a user token; otherwise ERROR and close."""
+    try:
+        msg = await ws.receive(timeout=AUTH_TIMEOUT)
+    except TimeoutError:
+        await refuse(ws, Unauthenticated(f"send AUTH{{token}} within {AUTH_TIMEOUT:g} s"))
+        return None
+    if msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
+        return None
+    try:
+        if msg.type is not WSMsgType.TEXT:
+            raise Unauthenticated("the first frame must be a text AUTH{token} frame")
+        try:
+            frame = schemas.AuthFrame.model_validate_json(msg.data)
+        except ValidationError as exc:
+            raise Unauthenticated("the first frame must be AUTH{token}", **validation_details(exc)) from None
+        return authorize(verify_token(request.app[SECRET], frame.token), USER)
+    except FanoutError as error:
+        await refuse(ws, error)
+        return None
+
+
+async def refuse(ws: web.WebSocketResponse, error: FanoutError) -> None:
+    await ws.send_json(error_frame(error))
+    await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=error.code.encode())
+
+
+async def session(request: web.Request, ws: web.WebSocketResponse, claims: Claims) -> None:
+    app, rt = request.app, request.app[RUNTIME]
+    conn = Connection(tenant=claims.tenant, user_id=claims.sub, loop=asyncio.get_running_loop())
+    # Registered before the session list is read: a message projected in between is
+    # queued (and may repeat one in the list; clients keep the highest seq), never lost.
+    rt.hub.register(conn)
+    writer: asyncio.Task[None] | None = None
+    try:
+        await ws.send_json({"type": "AUTH_OK", "user_id": claims.sub, "tenant": claims.tenant})
+        for frame in await blocking(app, rt.queries.session_batches, claims.tenant, claims.sub):
+            await ws.send_json(frame)
+        writer = asyncio.create_task(write(ws, conn.queue))
+        async for msg in ws:
+            if msg.type is WSMsgType.TEXT:
+                await handle(app, claims, msg.data, conn.queue.put_nowait)
+            elif msg.type is WSMsgType.BINARY:
+                conn.queue.put_nowait(error_frame(InvalidArgument("frames are JSON text")))
+            else:
+                break
+    finally:
+        rt.hub.unregister(conn)
+        if writer is not None:
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+
+
+async def write(ws: web.WebSocketResponse, queue: asyncio.Queue[dict[str, Any]]) -> None:
+    while not ws.closed:
+        frame = await queue.get()
+        try:
+            await ws.send_json(frame)
+        except (ConnectionError, RuntimeError):  # the peer went away; the reader ends the session
+            return
+
+
+async def handle(app: web.Application, claims: Claims, raw: str, emit: Emit) -> None:
+    rt = app[RUNTIME]
+    tenant, user = claims.tenant, claims.sub
+    try:
+        try:
+            frame = schemas.CLIENT_FRAME.validate_json(raw)
+        except ValidationError as exc:
+            raise InvalidArgument(frame_problem(exc), **validation_details(exc)) from None
+        if isinstance(frame, schemas.MarkReadFrame):
+            result = await blocking(app, rt.app.mark_read, tenant, frame.conversation_id, user, frame.read_seq)
+            emit({"type": "READ_OK", **result})
+        elif isinstance(frame, schemas.PullHistoryFrame):
+            result = await blocking(app, history, rt, tenant, frame.conversation_id, user, frame.after_seq, frame.limit)
+            emit({"type": "HISTORY", **result})
+        else:
+            result = await blocking(app, rt.app.request_rebuild, tenant, frame.conversation_id, user)
+            emit({"type": "REBUILD_OK", **result})
+            await blocking(app, rt.wait_projected, 10.0)
+            fresh = await blocking(app, session_item, rt, tenant, user, frame.conversation_id)
+            emit({"type": "SESSION_LIST_BATCH", **fresh, "last": True})
+    except FanoutError as error:
+        emit(error_frame(error))
+    except Exception:
+        log.exception("frame failed for %s/%s", tenant, user)
+        emit(error_frame(FanoutError("internal error")))
+
+
+def frame_problem(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    if first["type"] == "json_invalid":
+        return "the frame is not valid JSON"
+    if first["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        return "type must be one of MARK_READ, PULL_HISTORY, REBUILD"
+    where = ".".join(str(p) for p in first["loc"][1:]) or "frame"
+    return f"{where}: {first['msg']}"
+
+
+async def close_sockets(app: web.Application) -> None:
+    """on_shutdown: tell every client we are going away, so the server can stop."""
+    for ws in list(app[SOCKETS]):
+        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutdown")

@@ -1,0 +1,318 @@
+"""End-to-end tests: a real aiohttp server on a loopback port over a real embedded
+runtime (SQLite files in a fresh data dir per test module), driven over HTTP and
+WebSocket with aiohttp's client, through a small API-client helper.
+
+A module sets `PARAMS = Parameters(...)` to run its server with other parameters."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from api.app import create_app
+from domain.params import Parameters, Rate
+from fanout.runtime import EmbeddedRuntime
+from fanout.security import mint_token
+
+SECRET = "e2e-secret-" + "x" * 40
+
+# Small groups and generous rates, so only the admission tests are throttled.
+FAST = dataclasses.replace(
+    Parameters(),
+    max_group_members=50,
+    rate_small=1000,
+    per_sender_in_conversation_rate=Rate(1000, 1.0),
+)
+
+
+# -- the server ------------------------------------------------------------------
+
+
+class Server:
+    """The API app in its own thread and event loop, listening on 127.0.0.1:<free port>."""
+
+    def __init__(self, runtime: EmbeddedRuntime, app: web.Application) -> None:
+        self.runtime = runtime
+        self.app = app
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._runner = web.AppRunner(app)
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="e2e-server", daemon=True)
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        self._loop.run_until_complete(site.start())
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+        self._ready.set()
+        self._loop.run_forever()
+        self._loop.run_until_complete(self._runner.cleanup())
+        self._loop.close()
+
+    def start(self) -> Server:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the e2e server did not start")
+        return self
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(15)
+
+    def written(self) -> int:
+        """The event log's position: unchanged means nothing was written."""
+        return int(self.runtime.runner.log_position())
+
+
+@contextlib.contextmanager
+def serving(data_dir: Path, params: Parameters = FAST, *, start_runtime: bool = True) -> Iterator[Server]:
+    runtime = EmbeddedRuntime(data_dir, params)
+    if start_runtime:
+        runtime.start()
+    server = Server(runtime, create_app(runtime, SECRET)).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        runtime.close()
+
+
+@pytest.fixture(scope="module")
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    params = getattr(request.module, "PARAMS", FAST)
+    with serving(tmp_path_factory.mktemp("data"), params) as s:
+        yield s
+
+
+# -- the client helper -------------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    status: int
+    body: Any
+    headers: Mapping[str, str]
+
+    @property
+    def error(self) -> str | None:
+        return self.body.get("error") if isinstance(self.body, dict) else None
+
+
+def expect(reply: Reply, status: int, error: str | None = None) -> Any:
+    """The reply's body, after checking its status (and error code)."""
+    assert reply.status == status, f"expected {status} {error or ''}, got {reply.status}: {reply.body}"
+    if error is not None:
+        assert reply.error == error, reply.body
+        assert set(reply.body) == {"error", "message", "details"}, reply.body
+        assert isinstance(reply.body["message"], str) and isinstance(reply.body["details"], dict)
+    return reply.body
+
+
+_NO_BODY = object()
+
+
+class ApiClient:
+    """The HTTP API as one caller (one token) sees it."""
+
+    def __init__(self, session: aiohttp.ClientSession, base: str, token: str | None) -> None:
+        self.session = session
+        self.base = base
+        self.token = token
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = _NO_BODY,
+        *,
+        data: bytes | str | None = None,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Reply:
+        h = dict(headers or {})
+        if self.token is not None:
+            h.setdefault("Authorization", f"Bearer {self.token}")
+        kwargs: dict[str, Any] = {"headers": h, "params": params}
+        if body is not _NO_BODY:
+            kwargs["json"] = body
+        elif data is not None:
+            kwargs["data"] = data
+            h.setdefault("Content-Type", "application/json")
+        async with self.session.request(method, self.base + path, **kwargs) as resp:
+            text = await resp.text()
+            try:
+                parsed: Any = await resp.json(content_type=None) if text else None
+            except ValueError:
+                parsed = text
+            return Reply(resp.status, parsed, resp.headers)
+
+    # service role
+    async def create_conversation(self, **body: Any) -> Reply:
+        return await self.call("POST", "/v1/conversations", body)
+
+    async def add_members(self, cid: str, user_ids: list[str]) -> Reply:
+        return await self.call("POST", f"/v1/conversations/{cid}/members", {"user_ids": user_ids})
+
+    async def remove_member(self, cid: str, uid: str) -> Reply:
+        return await self.call("DELETE", f"/v1/conversations/{cid}/members/{uid}")
+
+    async def send(self, cid: str, **body: Any) -> Reply:
+        return await self.call("POST", f"/v1/conversations/{cid}/messages", body)
+
+    async def head(self, cid: str) -> Reply:
+        return await self.call("GET", f"/v1/conversations/{cid}")
+
+    async def delivery(self, cid: str, seq: int | str) -> Reply:
+        return await self.call("GET", f"/v1/conversations/{cid}/messages/{seq}/delivery")
+
+    async def materialized(self, cid: str, seq: int, timeout: float = 10.0) -> dict[str, Any]:
+        """Poll the delivery record until materialized_at is set (instead of sleeping)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            record = expect(await self.delivery(cid, seq), 200)
+            if record["materialized_at"] is not None:
+                return dict(record)
+            assert time.monotonic() < deadline, f"message {cid}/{seq} not materialized in {timeout} s"
+            await asyncio.sleep(0.02)
+
+    # admin role
+    async def open_review(self, **body: Any) -> Reply:
+        return await self.call("POST", "/v1/admin/reviews", body)
+
+    async def reviews(self) -> Reply:
+        return await self.call("GET", "/v1/admin/reviews")
+
+    async def review(self, review_id: str) -> Reply:
+        return await self.call("GET", f"/v1/admin/reviews/{review_id}")
+
+    async def decide(self, review_id: str, **body: Any) -> Reply:
+        return await self.call("POST", f"/v1/admin/reviews/{review_id}/decision", body)
+
+    async def tiers(self) -> Reply:
+        return await self.call("GET", "/v1/admin/tiers")
+
+    async def roll_back(self, size_bucket: str, reason: str = "e2e") -> Reply:
+        return await self.call("POST", f"/v1/admin/tiers/{size_bucket}/rollback", {"reason": reason})
+
+    async def capacity(self) -> Reply:
+        return await self.call("GET", "/v1/admin/capacity")
+
+    async def projections(self) -> Reply:
+        return await self.call("GET", "/v1/admin/projections")
+
+    # user role
+    async def sessions(self) -> Reply:
+        return await self.call("GET", "/v1/me/sessions")
+
+    async def mailbox(self, **params: Any) -> Reply:
+        return await self.call("GET", "/v1/me/mailbox", params=params)
+
+    async def read(self, cid: str, read_seq: Any) -> Reply:
+        return await self.call("POST", f"/v1/me/conversations/{cid}/read", {"read_seq": read_seq})
+
+    async def history(self, cid: str, **params: Any) -> Reply:
+        return await self.call("GET", f"/v1/me/conversations/{cid}/messages", params=params)
+
+    async def rebuild(self, cid: str) -> Reply:
+        return await self.call("POST", f"/v1/me/conversations/{cid}/rebuild")
+
+    async def socket(self, *, auth: bool = True) -> Socket:
+        ws = await self.session.ws_connect(self.base.replace("http", "ws", 1) + "/v1/ws")
+        sock = Socket(ws)
+        if auth:
+            await sock.send(type="AUTH", token=self.token)
+        return sock
+
+
+class Socket:
+    """A WebSocket client; frames are dicts."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+
+    async def send(self, **frame: Any) -> None:
+        await self.ws.send_json(frame)
+
+    async def receive(self, timeout: float = 5.0) -> dict[str, Any]:
+        msg = await self.ws.receive(timeout=timeout)
+        assert msg.type is aiohttp.WSMsgType.TEXT, f"expected a frame, got {msg.type} {msg.data!r}"
+        frame: dict[str, Any] = msg.json()
+        return frame
+
+    async def expect(self, frame_type: str, timeout: float = 5.0) -> dict[str, Any]:
+        frame = await self.receive(timeout)
+        assert frame["type"] == frame_type, frame
+        return frame
+
+    async def session_list(self) -> list[dict[str, Any]]:
+        """Every SESSION_LIST_BATCH up to the one marked last."""
+        batches = []
+        while True:
+            batch = await self.expect("SESSION_LIST_BATCH")
+            batches.append(batch)
+            if batch["last"]:
+                return batches
+
+    async def closed(self, timeout: float = 5.0) -> bool:
+        msg = await self.ws.receive(timeout=timeout)
+        return msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSING, aiohttp.WSMsgType.CLOSED)
+
+    async def close(self) -> None:
+        await self.ws.close()
+
+
+class Api:
+    """Hands out an ApiClient per identity: `api.service("acme")`, `api.user("acme", "ann")`."""
+
+    def __init__(self, session: aiohttp.ClientSession, server: Server) -> None:
+        self.session = session
+        self.server = server
+
+    def as_token(self, token: str | None) -> ApiClient:
+        return ApiClient(self.session, self.server.url, token)
+
+    def anonymous(self) -> ApiClient:
+        return self.as_token(None)
+
+    def service(self, tenant: str, sub: str = "billing-svc") -> ApiClient:
+        return self.as_token(mint_token(SECRET, tenant, "service", sub))
+
+    def admin(self, tenant: str, sub: str = "ops") -> ApiClient:
+        return self.as_token(mint_token(SECRET, tenant, "admin", sub))
+
+    def user(self, tenant: str, user_id: str) -> ApiClient:
+        return self.as_token(mint_token(SECRET, tenant, "user", user_id))
+
+
+@pytest.fixture
+async def api(server: Server) -> AsyncIterator[Api]:
+    async with aiohttp.ClientSession() as session:
+        yield Api(session, server)
+
+
+@pytest.fixture
+def cid() -> str:
+    """A fresh conversation id (tests in a module share one server)."""
+    return f"c-{uuid.uuid4().hex[:10]}"
+
+
+async def conversation(api: Api, tenant: str, cid: str, members: list[str]) -> ApiClient:
+    """Create a conversation as the tenant's service; returns that service client."""
+    svc = api.service(tenant)
+    expect(await svc.create_conversation(conversation_id=cid, title=f"title of {cid}", members=members), 201)
+    return svc
