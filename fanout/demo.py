@@ -35,7 +35,7 @@ from fanout.runtime import DataDirLock, EmbeddedRuntime
 
 TENANT = "demo"
 BIG = "all-hands"
-FANOUT_FILES = ("events.sqlite", "views.sqlite", "mailbox.sqlite", "rebuild-views.sqlite", "rebuild-mailbox.sqlite")
+FANOUT_FILES = ("events.sqlite", "views.sqlite", "mailbox.", "rebuild-")  # name prefixes
 
 
 COST_COLUMNS = ("seq", "kind", "policy", "mailbox_entries", "shards", "online_pushes", "body_bytes")
@@ -222,7 +222,9 @@ class _Story:
             s = self.session(u)
             out[label] = s
             rows.append([f"{label} {u}", s["write_policy"], *(s.get(k) for k in keys)])
-        self.o.table(["member", "policy", "latest", "read", "unread", "exact", "mentions", "delivered", "big_head"], rows)
+        self.o.table(
+            ["member", "policy", "latest", "read", "unread", "exact", "mentions", "delivered", "big_head"], rows
+        )
         return out
 
     def policy_changes(self, after: int) -> list[Any]:
@@ -265,7 +267,9 @@ class _Story:
         o.line(f"  small groups: 3 messages; the cost record of each message to '{BIG}':")
         o.line(COST_ROW.format(*COST_COLUMNS))
         self.send(BIG, self.admin, "Welcome to all hands")
-        self.send(BIG, self.active[0], f"@{self.mention_target} can you check the deck?", mentions=[self.mention_target])
+        self.send(
+            BIG, self.active[0], f"@{self.mention_target} can you check the deck?", mentions=[self.mention_target]
+        )
         self.send(BIG, self.active[1], "thanks for the welcome", reply_to_seq=1)
         self.send(BIG, self.admin, "The office is closed on Friday", announcement=True)
         always_last = self.send(BIG, self.admin, "@all town hall in 10 minutes", mention_all=True)
@@ -325,7 +329,9 @@ class _Story:
         o.step(6, S, "sends in 'mention_only': mailbox entries only for active + mentioned members")
         o.line(COST_ROW.format(*COST_COLUMNS))
         self.send(BIG, self.active[2], "notes from the town hall are in the wiki")
-        self.send(BIG, self.active[3], f"@{self.silent_mentioned} your badge is ready", mentions=[self.silent_mentioned])
+        self.send(
+            BIG, self.active[3], f"@{self.silent_mentioned} your badge is ready", mentions=[self.silent_mentioned]
+        )
         mo_last = self.send(BIG, self.active[4], "lunch is on the 3rd floor")
         o.line(f"  {self.active_count} active members (+ sender, + mentioned); online pushes still reach all "
                f"{len(self.devices)} online devices")  # fmt: skip
@@ -398,7 +404,9 @@ class _Story:
         estimates = self._estimate_count(latest)
         o.line(f"  {estimates:,} other silent members keep unread_exact=false until their next MARK_READ or REBUILD")
         converged = all(
-            c["unread_exact"] and c["unread_count"] == c["expected_unread"] and c["mention_count"] == c["expected_mentions"]
+            c["unread_exact"]
+            and c["unread_count"] == c["expected_unread"]
+            and c["mention_count"] == c["expected_mentions"]
             for label, c in checks.items()
             if label != "@ in always"
         ) and all(c["mention_count"] == c["expected_mentions"] for c in checks.values())
@@ -425,11 +433,15 @@ class _Story:
             after = page["next_after"]
 
     def _estimate_count(self, latest: int) -> int:
-        row = self.rt.views.reader().execute(
-            "SELECT count(*) FROM states WHERE tenant=? AND conversation_id=? AND delivered_seq IS NOT NULL "
-            "AND max(read_seq, rebuilt_seq) < CASE WHEN skipping THEN ? ELSE coalesce(gap_end, 0) END",
-            (TENANT, BIG, latest),
-        ).fetchone()
+        row = (
+            self.rt.views.reader()
+            .execute(
+                "SELECT count(*) FROM states WHERE tenant=? AND conversation_id=? AND delivered_seq IS NOT NULL "
+                "AND max(read_seq, rebuilt_seq) < CASE WHEN skipping THEN ? ELSE coalesce(gap_end, 0) END",
+                (TENANT, BIG, latest),
+            )
+            .fetchone()
+        )
         return int(row[0])
 
 
@@ -482,4 +494,3 @@ def main_demo(data_dir: Path, members: int, params: Parameters, force: bool, qui
         if quiet:
             out.close()
     return 0 if summary["converged"] else 1
-

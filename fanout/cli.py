@@ -1,0 +1,374 @@
+"""The `fanout` command line (SPEC section 6).
+
+Every command takes --data-dir (default FANOUT_DATA_DIR or ./data) and --config FILE
+(a TOML file with the FANOUT_ settings' names). A bad setting or a busy data dir
+prints one line `fanout: error: ...` and exits 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from domain.errors import FanoutError
+from fanout.config import ConfigError, Settings, load_settings, parse_duration
+from fanout.runtime import DataDirBusy
+from projections.rocksdb import ShardCountMismatch
+
+PROG = "fanout"
+
+
+class CliError(RuntimeError):
+    """A failure the user can fix: printed as one line, exit 2."""
+
+
+# -- commands ---------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
+    from api.app import run
+    from fanout.runtime import EmbeddedRuntime
+    from fanout.security import load_or_create_secret
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt  # unwinds into the finally below; the server also stops on it
+
+    signal.signal(signal.SIGTERM, stop)
+    runtime = EmbeddedRuntime(data_dir, settings.params)
+    try:
+        secret = load_or_create_secret(data_dir, settings.secret)
+        runtime.start()
+        print(f"fanout: serving http://{args.host}:{args.port} (data dir {data_dir}, log position "
+              f"{runtime.runner.log_position()})", flush=True)  # fmt: skip
+        print(
+            f"fanout: mint a token with: fanout token --data-dir {data_dir} --tenant TENANT --role service --sub my-service",
+            flush=True,
+        )
+        run(runtime, secret, args.host, args.port)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        runtime.close()
+        print("fanout: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def cmd_token(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
+    from fanout.security import load_or_create_secret, mint_token
+
+    try:
+        ttl = parse_duration(args.ttl)
+    except ValueError as exc:
+        raise CliError(f"--ttl: {exc}") from None
+    if ttl <= 0:
+        raise CliError("--ttl must be positive")
+    secret = load_or_create_secret(data_dir, settings.secret, create=False)
+    print(mint_token(secret, args.tenant, args.role, args.sub, ttl_seconds=int(ttl)))
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
+    from fanout.replay import Filters, ReplayError, parse_time, replay
+
+    try:
+        filters = Filters(
+            since=parse_time(args.since) if args.since else None,
+            until=parse_time(args.until) if args.until else None,
+            conversation_id=args.conversation,
+            tenant=args.tenant,
+            types=frozenset(t.strip() for t in args.type.split(",") if t.strip()) if args.type else frozenset(),
+            from_position=args.from_position,
+        )
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    progress = not args.quiet and sys.stderr.isatty()
+    try:
+        if args.out in (None, "-"):
+            n = replay(data_dir, settings.params, filters, sys.stdout, progress=progress)
+        else:
+            with open(args.out, "w", encoding="utf-8") as out:
+                n = replay(data_dir, settings.params, filters, out, progress=progress)
+    except ReplayError as exc:
+        raise CliError(str(exc)) from None
+    if not args.quiet:
+        print(
+            f"fanout: replayed {n} events" + (f" to {args.out}" if args.out not in (None, "-") else ""), file=sys.stderr
+        )
+    return 0
+
+
+def cmd_rebuild(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
+    from fanout.rebuild import RebuildError, rebuild
+
+    progress = not args.quiet and sys.stderr.isatty()
+    try:
+        r = rebuild(data_dir, settings.params, args.target, progress=progress)
+    except RebuildError as exc:
+        raise CliError(str(exc)) from None
+    print(f"rebuilt {r.target} from the log up to position {r.position} in {r.seconds:.2f}s; swapped in:")
+    for table, n in r.rows.items():
+        print(f"  {table:<10} {n:>12,} rows")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
+    from fanout.rebuild import RebuildError, verify
+
+    progress = not args.quiet and sys.stderr.isatty()
+    try:
+        r = verify(data_dir, settings.params, limit=args.limit, progress=progress)
+    except RebuildError as exc:
+        raise CliError(str(exc)) from None
+    print(f"verified views against the log up to position {r.position} in {r.seconds:.2f}s")
+    for table, n in r.rows.items():
+        c = r.counts.get(table)
+        state = "ok" if c is None else f"DIFFERS: {c[0]} live-only, {c[1]} recomputed-only"
+        print(f"  {table:<10} {n:>12,} rows  {state}")
+    for table, (live, recomputed) in r.differences.items():
+        print(f"\n{table}: first differences (ignoring materialized_at, online_pushes)")
+        for row in live:
+            print(f"  - live       {row}")
+        for row in recomputed:
+            print(f"  + recomputed {row}")
+    if r.equal:
+        print("views equal the log")
+        return 0
+    print("\nviews differ from the log: `fanout rebuild all` recomputes them", file=sys.stderr)
+    return 1
+
+
+def cmd_analyze(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
+    from fanout import analyze
+
+    try:
+        if args.what == "capacity":
+            report = analyze.capacity_report(data_dir, settings.params)
+            if args.json:
+                print(json.dumps(report, indent=2))
+            else:
+                analyze.print_capacity(report, sys.stdout)
+            return 0
+        at = None
+        if args.at:
+            from fanout.replay import parse_time
+
+            at = parse_time(args.at).timestamp()
+        report = analyze.alpha_report(
+            data_dir,
+            settings.params,
+            tenant=args.tenant,
+            min_saving=args.min_saving,
+            max_active_ratio=args.max_active_ratio,
+            now=at,
+        )
+    except (analyze.AnalyzeError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        analyze.print_alpha(report, sys.stdout)
+    if args.png:
+        analyze.plot_alpha(report, Path(args.png))
+        print(f"plot written to {args.png}", file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
+    from fanout.demo import DemoError, main_demo
+
+    try:
+        return main_demo(data_dir, args.members, settings.params, args.force, args.quiet)
+    except DemoError as exc:
+        raise CliError(str(exc)) from None
+
+
+def cmd_not_built(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
+    raise CliError(
+        f"`{args.command}` belongs to the distributed runtime (Kafka, Faust, Cassandra), which this build does not "
+        "include yet; the embedded runtime needs no worker or relay: use `fanout serve`"
+    )
+
+
+# -- parser -----------------------------------------------------------------------------
+
+EPILOG = """\
+examples:
+  fanout serve --data-dir ./data --port 8080
+  fanout token --tenant acme --role service --sub billing-bot --ttl 1h
+  fanout replay --type MessageSent,WritePolicyChanged --conversation general --tenant acme --out events.jsonl
+  fanout rebuild mailbox
+  fanout verify
+  fanout analyze alpha --tenant acme --min-saving 20000 --max-active-ratio 0.05 --png alpha.png
+  fanout demo --data-dir /tmp/fanout-demo --members 100000
+
+settings: every parameter of SPEC section 3 is read from FANOUT_<NAME> (e.g.
+FANOUT_POLICY_SWITCH_MIN_INTERVAL=2s) or from --config FILE (TOML, same names);
+the data dir from --data-dir, FANOUT_DATA_DIR, or ./data."""
+
+
+def _common() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("common options")
+    g.add_argument("--data-dir", metavar="DIR", help="data directory (default: FANOUT_DATA_DIR or ./data)")
+    g.add_argument(
+        "--config", metavar="FILE", help="TOML file setting FANOUT_ parameters by name (e.g. max_group_members = 50000)"
+    )
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = [_common()]
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Large-group chat delivery with exact offline delivery (ADR-0003): server and tools.",
+        epilog=EPILOG,
+        formatter_class=fmt,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, help: str, description: str, epilog: str) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name,
+            help=help,
+            description=description,
+            epilog="example:\n  " + epilog,
+            parents=common,
+            formatter_class=fmt,
+        )
+
+    p = add(
+        "serve",
+        "run the API and the projectors (embedded runtime)",
+        "Serve the HTTP/WebSocket API with the embedded runtime: SQLite event store, in-process projectors, "
+        "SQLite views and the RocksDB mailbox in the data dir. Creates the token secret on first start "
+        "(unless FANOUT_SECRET is set). Stops cleanly on SIGINT or SIGTERM.",
+        "fanout serve --data-dir ./data --host 0.0.0.0 --port 8080",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    p.set_defaults(func=cmd_serve)
+
+    p = add(
+        "token",
+        "mint a bearer token (HS256 JWT)",
+        "Print a signed token with the claims tenant, role, sub and exp. The secret is FANOUT_SECRET or the one "
+        "`fanout serve` created in the data dir.",
+        "fanout token --tenant acme --role admin --sub alice --ttl 8h",
+    )
+    p.add_argument("--tenant", required=True, help="tenant claim")
+    p.add_argument("--role", required=True, choices=["user", "service", "admin"], help="role claim")
+    p.add_argument("--sub", required=True, help="subject: the user id (role user) or the caller's name")
+    p.add_argument("--ttl", default="24h", help="lifetime: 500ms, 2s, 15m, 24h, 7d (default 24h)")
+    p.set_defaults(func=cmd_token)
+
+    p = add(
+        "replay",
+        "write the event log as JSONL (analysts)",
+        "Stream every event of the log as one JSON line: position, type (e.g. Conversation.MessageSent), "
+        "originator_id, version, timestamp (UTC, when recorded), tenant and conversation_id where they apply, "
+        "and the event's attributes. Runs beside `fanout serve` (no lock, nothing written). "
+        "Filters combine with AND.",
+        "fanout replay --since 2026-08-14T00:00:00Z --type MessageSent --tenant acme --out - | jq .seq",
+    )
+    p.add_argument("--out", metavar="FILE", default="-", help="output file, or - for stdout (default)")
+    p.add_argument("--since", metavar="TIME", help="only events recorded at or after TIME (ISO 8601 or epoch seconds)")
+    p.add_argument("--until", metavar="TIME", help="only events recorded at or before TIME")
+    p.add_argument("--conversation", metavar="CID", help="only events of this conversation_id")
+    p.add_argument("--tenant", metavar="T", help="only events of this tenant")
+    p.add_argument(
+        "--type", metavar="TYPES", help="comma-separated event types: MessageSent or Conversation.MessageSent"
+    )
+    p.add_argument("--from-position", metavar="N", type=int, default=1, help="first log position to read (default 1)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary on stderr")
+    p.set_defaults(func=cmd_replay)
+
+    p = add(
+        "rebuild",
+        "recompute a read model from the log and swap it in",
+        "Rebuild mailbox, state (UserConversationState), heads (heads, messages, delivery records, reviews, tiers) "
+        "or all, from position 0 of the log, aside (rebuild-* files), then swap: whole stores for all/mailbox, "
+        "one transaction for state/heads. Takes the data-dir lock: stop `fanout serve` first. "
+        "materialized_at and online_pushes of existing delivery records are kept.",
+        "fanout rebuild all --data-dir ./data",
+    )
+    p.add_argument("target", choices=["mailbox", "state", "heads", "all"], help="what to rebuild")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_rebuild)
+
+    p = add(
+        "verify",
+        "recompute everything from the log and diff it with the views",
+        "Project the whole log into a scratch dir and compare it with the live views table by table "
+        "(ignoring materialized_at and online_pushes) and the mailbox entry sets. Exits 0 when equal, 1 when "
+        "anything differs. Takes the data-dir lock: stop `fanout serve` first.",
+        "fanout verify --data-dir ./data --limit 5",
+    )
+    p.add_argument("--limit", type=int, default=10, help="differences shown per table (default 10)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_verify)
+
+    p = add(
+        "analyze",
+        "alpha per size bucket, or capacity (T1/T2)",
+        "alpha: per size bucket the conversations, members, alpha mean/p50/p90 and, under the given review "
+        "parameters or each enabled tier's, how many conversations meet the enter criterion, their total saving "
+        "N x (1 - alpha) and N_eq at the bucket's mean alpha; --png plots alpha per conversation by bucket. "
+        "capacity: fanout entries/s, budget use and the T1/T2 state. Reads the views only; runs beside serve.",
+        "fanout analyze alpha --tenant acme --min-saving 20000 --max-active-ratio 0.05 --png alpha.png",
+    )
+    p.add_argument("what", choices=["alpha", "capacity"], help="which analysis")
+    p.add_argument("--tenant", metavar="T", help="alpha: one tenant only (default: all)")
+    p.add_argument("--min-saving", type=float, metavar="X", help="alpha: read_diffusion_min_saving to evaluate")
+    p.add_argument("--max-active-ratio", type=float, metavar="Y", help="alpha: read_diffusion_max_active_ratio")
+    p.add_argument("--at", metavar="TIME", help="alpha: evaluate activity at TIME (default now)")
+    p.add_argument("--png", metavar="FILE", help="alpha: write a PNG plot")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_analyze)
+
+    p = add(
+        "demo",
+        "run ADR-0003 end to end in-process on a fresh data dir",
+        "A large group and two small ones, driven with a fake clock (rate gates and the 24 h interval are "
+        "honoured without waiting): sends with their cost records, low alpha, a review enabling mention_only, "
+        "the switch, sends in mention_only, silent versus active sessions, PULL_HISTORY, a tier rollback, "
+        "MARK_READ/REBUILD and the converged exact counts. Exits 1 if the counts do not converge.",
+        "fanout demo --data-dir /tmp/fanout-demo --members 100000",
+    )
+    p.add_argument("--members", type=int, default=100_000, help="members of the large group (default 100000)")
+    p.add_argument("--force", action="store_true", help="delete fanout's files in a non-empty data dir first")
+    p.add_argument("--quiet", "-q", action="store_true", help="print nothing")
+    p.set_defaults(func=cmd_demo)
+
+    for name, what in (("worker", "Faust projection worker"), ("relay", "event store -> Kafka relay")):
+        p = add(name, f"{what} (distributed runtime; not in this build)", f"The {what} of the distributed runtime. "
+                "Not built yet: this build runs the embedded runtime (`fanout serve`).", f"fanout {name}")  # fmt: skip
+        p.set_defaults(func=cmd_not_built)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings(config_file=args.config)
+        data_dir = Path(args.data_dir) if args.data_dir else settings.data_dir
+        return int(args.func(args, settings, data_dir))
+    except (ConfigError, DataDirBusy, CliError, ShardCountMismatch) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except FanoutError as exc:  # e.g. a claim the token refuses
+        print(f"{PROG}: error: {exc.code}: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # e.g. `fanout replay | head`
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
