@@ -86,7 +86,7 @@ def delivery(rt: EmbeddedRuntime, tenant: str, conversation_id: str, seq: int) -
         }
 
 
-def session_item(rt: EmbeddedRuntime, tenant: str, user_id: str, conversation_id: str) -> dict[str, Any]:
+def conversation_sessions(rt: EmbeddedRuntime, tenant: str, user_id: str, conversation_id: str) -> dict[str, Any]:
     sessions, big = rt.queries.session_list(tenant, user_id)
     return {
         "sessions": [s for s in sessions if s["conversation_id"] == conversation_id],
@@ -98,7 +98,7 @@ def rebuild(rt: EmbeddedRuntime, tenant: str, conversation_id: str, user_id: str
     """REBUILD, then the conversation's fresh session item once it is projected."""
     result = rt.app.request_rebuild(tenant, conversation_id, user_id)
     rt.wait_projected(timeout=10.0)
-    return {**result, **session_item(rt, tenant, user_id, conversation_id)}
+    return {**result, **conversation_sessions(rt, tenant, user_id, conversation_id)}
 
 
 def review(rt: EmbeddedRuntime, tenant: str, review_id: str) -> dict[str, Any]:

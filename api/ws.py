@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from api import schemas
 from api.endpoint import USER, Spec, authorize, validation_details
 from api.keys import MAX_BODY_BYTES, RUNTIME, SECRET, SOCKETS, blocking
-from api.views import history, session_item
+from api.views import conversation_sessions, history
 from domain.errors import FanoutError, InvalidArgument
 from fanout.push import Connection
 from fanout.security import Claims, Unauthenticated, verify_token
@@ -100,8 +100,12 @@ async def session(request: web.Request, ws: web.WebSocketResponse, claims: Claim
     writer: asyncio.Task[None] | None = None
     try:
         await ws.send_json({"type": "AUTH_OK", "user_id": claims.sub, "tenant": claims.tenant})
-        for frame in await blocking(app, rt.queries.session_batches, claims.tenant, claims.sub):
-            await ws.send_json(frame)
+        batches = rt.queries.session_batches(claims.tenant, claims.sub)
+        try:  # produced lazily: each batch is read off the loop and sent before the next is read
+            while (frame := await blocking(app, next, batches, None)) is not None:
+                await ws.send_json(frame)
+        finally:
+            await blocking(app, batches.close)
         writer = asyncio.create_task(write(ws, conn.queue))
         async for msg in ws:
             if msg.type is WSMsgType.TEXT:
@@ -145,7 +149,7 @@ async def handle(app: web.Application, claims: Claims, raw: str, emit: Emit) -> 
             result = await blocking(app, rt.app.request_rebuild, tenant, frame.conversation_id, user)
             emit({"type": "REBUILD_OK", **result})
             await blocking(app, rt.wait_projected, 10.0)
-            fresh = await blocking(app, session_item, rt, tenant, user, frame.conversation_id)
+            fresh = await blocking(app, conversation_sessions, rt, tenant, user, frame.conversation_id)
             emit({"type": "SESSION_LIST_BATCH", **fresh, "last": True})
     except FanoutError as error:
         emit(error_frame(error))
