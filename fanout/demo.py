@@ -158,7 +158,7 @@ class _Story:
         self.rt, self.app, self.q, self.clock, self.n, self.o = rt, rt.app, rt.queries, clock, n, o
         self.params = rt.params
         self.bucket = self.params.size_bucket(n).value
-        self.active_count = min(300, n // 40)
+        self.active_count = max(10, min(300, n // 40))
         self.admin = user(0)
         self.active = [user(i) for i in range(1, self.active_count + 1)]
         self.mention_target = user(n // 3)  # silent, mentioned while in always
