@@ -17,6 +17,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from domain.errors import FanoutError
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+ADMISSION_GATES = (
+    ("RATE_LIMITED", "per_conversation_msg_rate"),
+    ("RATE_LIMITED", "per_sender_in_conversation_rate"),
+    ("FANOUT_QUOTA_EXCEEDED", "tenant_fanout_quota"),
+)
 
 
 def capacity_rates(runtime: Any, attempts: int = 5) -> dict[str, float]:
@@ -42,6 +47,8 @@ class Metrics:
             ["reason", "gate"],
             registry=self.registry,
         )
+        for reason, gate in ADMISSION_GATES:  # present at 0 from the start, so rate() works
+            self.rejections.labels(reason=reason, gate=gate)
         self.send_seconds = Histogram(
             "fanout_send_seconds",
             "Time to admit and sequence one message (the command, not its fan-out)",
