@@ -228,9 +228,8 @@ class _Story:
         return out
 
     def policy_changes(self, after: int) -> list[Any]:
-        notes = self.app.recorder.select_notifications(  # type: ignore[attr-defined]
-            start=after, limit=100, topics=[get_topic(Conversation.WritePolicyChanged)], inclusive_of_start=False
-        )
+        topic = get_topic(Conversation.WritePolicyChanged)  # type: ignore[attr-defined]
+        notes = self.app.recorder.select_notifications(start=after, limit=100, topics=[topic], inclusive_of_start=False)
         return [self.app.mapper.to_domain_event(n) for n in notes]
 
     def alpha(self) -> float:
