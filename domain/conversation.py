@@ -165,8 +165,14 @@ class Conversation(Aggregate):
         entries = self._entries_for(targets, now, params)
         wait = quota.retry_after(entries, now, params)
         if wait > 0:
+            why = (
+                f"exceeds the tenant fan-out quota capacity ({params.tenant_fanout_quota_capacity:g}); "
+                "raise FANOUT_TENANT_FANOUT_QUOTA_CAPACITY"
+                if wait == float("inf")
+                else "cannot be paid from the tenant fan-out quota now"
+            )
             raise FanoutQuotaExceeded(
-                f"tenant {self.tenant} fan-out quota cannot pay {entries} mailbox entries now",
+                f"{entries} mailbox entries for tenant {self.tenant} {why}",
                 gate="tenant_fanout_quota",
                 entries=entries,
                 retry_after_ms=retry_after_ms(wait),

@@ -4,16 +4,16 @@ environment is the job of `fanout.config`, not of the domain."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class SizeBucket(str, Enum):
+class SizeBucket(StrEnum):
     SMALL = "small"
     MEDIUM = "medium"
     LARGE = "large"
 
 
-class WritePolicy(str, Enum):
+class WritePolicy(StrEnum):
     ALWAYS = "always"
     MENTION_ONLY = "mention_only"
 

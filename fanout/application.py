@@ -10,7 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -89,10 +89,8 @@ class FanoutApplication(Application[UUID]):
     def _evict(self, aggregate_id: UUID) -> None:
         cache = getattr(self.repository, "cache", None)
         if cache is not None:
-            try:
+            with suppress(KeyError):
                 cache.get(aggregate_id, evict=True)
-            except KeyError:
-                pass
 
     def _tier(self, tenant: str, size_bucket: str) -> Tier | None:
         return self._find(Tier, Tier.create_id(tenant, size_bucket))

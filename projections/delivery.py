@@ -15,7 +15,7 @@ from functools import singledispatchmethod
 from typing import Any
 
 from domain.conversation import Conversation
-from domain.delivery import MENTION_ALL, ANNOUNCEMENT, Targets, materialized_members
+from domain.delivery import ANNOUNCEMENT, MENTION_ALL, Targets, materialized_members
 from domain.params import Parameters, WritePolicy
 from domain.policy import is_active
 from domain.tier import Review, Tier
