@@ -143,7 +143,7 @@ class Queries:
     def alpha_by_bucket(self, tenant: str | None, now: float | None = None) -> dict[str, dict[str, Any]]:
         """alpha (active members / members) per conversation, summarized per size bucket."""
         now = time.time() if now is None else now
-        per: dict[str, list[tuple[str, int, float]]] = {b.value: [] for b in SizeBucket}
+        per: dict[str, list[tuple[str, str, int, float]]] = {b.value: [] for b in SizeBucket}
         con = self.views.reader()
         for head in self.views.all_heads():
             if tenant is not None and head["tenant"] != tenant:
@@ -156,17 +156,17 @@ class Queries:
                 )
             ]
             n, alpha = alpha_of(actives, now, self.params.activity_window)
-            per[head["size_bucket"]].append((head["conversation_id"], n, alpha))
+            per[head["size_bucket"]].append((head["tenant"], head["conversation_id"], n, alpha))
         out = {}
         for bucket, rows in per.items():
-            alphas = sorted(a for _, _, a in rows)
+            alphas = sorted(a for _, _, _, a in rows)
             out[bucket] = {
                 "conversations": len(rows),
-                "members": sum(n for _, n, _ in rows),
+                "members": sum(n for _, _, n, _ in rows),
                 "alpha_mean": sum(alphas) / len(alphas) if alphas else None,
                 "alpha_p50": alphas[len(alphas) // 2] if alphas else None,
                 "alpha_p90": alphas[min(len(alphas) - 1, int(len(alphas) * 0.9))] if alphas else None,
-                "per_conversation": [{"conversation_id": c, "members": n, "alpha": a} for c, n, a in rows],
+                "per_conversation": [{"tenant": t, "conversation_id": c, "members": n, "alpha": a} for t, c, n, a in rows],
             }
         return out
 

@@ -96,7 +96,9 @@ def connect(path: Path | str, *, readonly: bool = False) -> sqlite3.Connection:
 
 
 class SqliteMailbox:
-    """UserMailboxEntry in SQLite: key (tenant, user_id, pos), a user-ordered B-tree."""
+    """UserMailboxEntry in SQLite: key (tenant, user_id, pos), a user-ordered B-tree.
+    The slower alternative (docs/adr/0004-mailbox-store.md), kept behind the same
+    contract suite for small deployments and comparison."""
 
     SCHEMA = """
     CREATE TABLE IF NOT EXISTS mailbox (
@@ -142,8 +144,12 @@ class SqliteMailbox:
         ).fetchall()
         return [tuple(r) for r in rows]  # type: ignore[misc]
 
-    def all_entries(self) -> Iterator[tuple[Any, ...]]:
-        yield from self._reader().execute("SELECT * FROM mailbox ORDER BY tenant, user_id, pos")
+    def all_entries(self) -> Iterator[tuple[str, str, int, int, str, int]]:
+        for r in self._reader().execute(
+            "SELECT tenant, user_id, pos, conversation_seq, conversation_id, flags FROM mailbox "
+            "ORDER BY tenant, user_id, pos"
+        ):
+            yield tuple(r)  # type: ignore[misc]
 
     def count(self) -> int:
         return int(self._reader().execute("SELECT count(*) FROM mailbox").fetchone()[0])

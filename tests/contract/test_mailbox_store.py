@@ -1,0 +1,125 @@
+"""One contract for the MailboxStore port, run against every backend (STYLE: a
+view store is a port with one contract suite). Real files on disk, no mocks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from projections.ports import MailboxStore, MessageRefs
+from projections.rocksdb import RocksMailbox, ShardCountMismatch
+from projections.sharding import shard_of
+from projections.sqlite import SqliteMailbox
+
+SHARDS = 4
+
+
+def refs(cid: str, pos: int, seq: int, users: list[str], flags: int = 0, special: dict[str, int] | None = None) -> MessageRefs:
+    by: dict[int, list[str]] = {}
+    for u in sorted(users):
+        by.setdefault(shard_of(u, SHARDS), []).append(u)
+    return MessageRefs(cid, pos, seq, flags, special or {}, by)
+
+
+class MailboxContract:
+    """Subclass per backend and implement `make`."""
+
+    def make(self, path: Path) -> Any:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> Any:
+        s = self.make(tmp_path / "mailbox")
+        yield s
+        s.close()
+
+    def test_an_entry_is_read_back_by_user_in_pos_order(self, store: MailboxStore) -> None:
+        store.write("t", refs("c1", 5, 1, ["alice", "bob"]))
+        store.write("t", refs("c2", 9, 1, ["alice"]))
+        assert store.read("t", "alice", 0, 100, 10) == [("alice", 5, 1, "c1", 0), ("alice", 9, 1, "c2", 0)]
+        assert store.read("t", "bob", 0, 100, 10) == [("bob", 5, 1, "c1", 0)]
+
+    def test_the_cursor_is_exclusive_and_the_upper_bound_inclusive(self, store: MailboxStore) -> None:
+        for pos in range(1, 6):
+            store.write("t", refs("c", pos, pos, ["u"]))
+        assert [e[1] for e in store.read("t", "u", 2, 4, 10)] == [3, 4]
+        assert [e[1] for e in store.read("t", "u", 0, 5, 2)] == [1, 2]
+        assert store.read("t", "u", 5, 5, 10) == []
+
+    def test_writing_the_same_refs_twice_stores_them_once(self, store: MailboxStore) -> None:
+        r = refs("c", 3, 1, [f"u{i}" for i in range(50)], special={"u7": 1})
+        store.write("t", r)
+        store.write("t", r)
+        assert store.count() == 50
+        assert store.read("t", "u7", 0, 10, 10) == [("u7", 3, 1, "c", 1)]
+
+    def test_special_users_get_their_own_flags(self, store: MailboxStore) -> None:
+        store.write("t", refs("c", 1, 1, ["a", "b", "s"], flags=8, special={"s": 16 | 8, "b": 1 | 8}))
+        got = {e[0]: e[4] for u in "abs" for e in store.read("t", u, 0, 10, 10)}
+        assert got == {"a": 8, "b": 9, "s": 24}
+
+    def test_tenants_and_users_sharing_a_prefix_never_see_each_other(self, store: MailboxStore) -> None:
+        store.write("ab", refs("c", 1, 1, ["u"]))
+        store.write("a", refs("c", 2, 1, ["bu", "u1", "u"]))
+        assert [e[1] for e in store.read("a", "u", 0, 10, 10)] == [2]
+        assert [e[1] for e in store.read("ab", "u", 0, 10, 10)] == [1]
+        assert [e[1] for e in store.read("a", "u1", 0, 10, 10)] == [2]
+
+    def test_all_entries_lists_every_entry_with_its_tenant(self, store: MailboxStore) -> None:
+        store.write("t1", refs("c", 1, 1, ["x", "y"]))
+        store.write("t2", refs("d", 2, 7, ["x"], special={"x": 16}))
+        assert sorted(store.all_entries()) == [
+            ("t1", "x", 1, 1, "c", 0),
+            ("t1", "y", 1, 1, "c", 0),
+            ("t2", "x", 2, 7, "d", 16),
+        ]
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.differing_executors])
+    @given(
+        writes=st.lists(
+            st.tuples(st.sampled_from(["t", "u"]), st.sets(st.sampled_from(["a", "b", "ab", "b\u00e9", "z9"]), min_size=1)),
+            min_size=1,
+            max_size=12,
+        ),
+        after=st.integers(0, 14),
+    )
+    def test_reads_equal_a_reference_model(self, tmp_path_factory: pytest.TempPathFactory, writes: list[tuple[str, set[str]]], after: int) -> None:
+        store = self.make(tmp_path_factory.mktemp("model") / "mailbox")
+        try:
+            model: dict[tuple[str, str], list[int]] = {}
+            for pos, (tenant, users) in enumerate(writes, start=1):
+                store.write(tenant, refs("c", pos, pos, sorted(users)))
+                for u in users:
+                    model.setdefault((tenant, u), []).append(pos)
+            for (tenant, u), positions in model.items():
+                expected = [p for p in positions if p > after][:5]
+                assert [e[1] for e in store.read(tenant, u, after, 100, 5)] == expected
+        finally:
+            store.close()
+
+
+class TestRocksMailbox(MailboxContract):
+    def make(self, path: Path) -> Any:
+        return RocksMailbox(path, SHARDS)
+
+    def test_reopening_with_another_shard_count_is_refused_with_what_to_do(self, tmp_path: Path) -> None:
+        RocksMailbox(tmp_path / "m", 4).close()
+        with pytest.raises(ShardCountMismatch, match="FANOUT_MAILBOX_SHARDS=8.*rebuild mailbox"):
+            RocksMailbox(tmp_path / "m", 8)
+
+    def test_entries_survive_a_reopen(self, tmp_path: Path) -> None:
+        s = RocksMailbox(tmp_path / "m", SHARDS)
+        s.write("t", refs("c", 1, 1, ["a"]))
+        s.close()
+        s = RocksMailbox(tmp_path / "m", SHARDS)
+        assert s.read("t", "a", 0, 5, 5) == [("a", 1, 1, "c", 0)]
+        s.close()
+
+
+class TestSqliteMailbox(MailboxContract):
+    def make(self, path: Path) -> Any:
+        return SqliteMailbox(path.with_suffix(".sqlite"))
