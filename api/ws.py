@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -104,8 +105,10 @@ async def session(request: web.Request, ws: web.WebSocketResponse, claims: Claim
         try:  # produced lazily: each batch is read off the loop and sent before the next is read
             while (frame := await blocking(app, next, batches, None)) is not None:
                 await ws.send_json(frame)
-        finally:
-            await blocking(app, batches.close)
+        finally:  # a generator: release its read cursor even if the client left mid-list
+            close = getattr(batches, "close", None)
+            if close is not None:
+                await blocking(app, close)
         writer = asyncio.create_task(write(ws, conn.queue))
         async for msg in ws:
             if msg.type is WSMsgType.TEXT:
@@ -170,5 +173,6 @@ def frame_problem(exc: ValidationError) -> str:
 
 async def close_sockets(app: web.Application) -> None:
     """on_shutdown: tell every client we are going away, so the server can stop."""
-    for ws in list(app[SOCKETS]):
+    sockets: weakref.WeakSet[web.WebSocketResponse] = app[SOCKETS]
+    for ws in list(sockets):
         await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutdown")

@@ -12,7 +12,7 @@ import dataclasses
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,8 @@ class Server:
         return self
 
     def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(15)
 
@@ -121,6 +123,17 @@ def expect(reply: Reply, status: int, error: str | None = None) -> Any:
         assert set(reply.body) == {"error", "message", "details"}, reply.body
         assert isinstance(reply.body["message"], str) and isinstance(reply.body["details"], dict)
     return reply.body
+
+
+async def eventually(probe: Callable[[], Awaitable[Any]], ok: Callable[[Any], bool], timeout: float = 10.0) -> Any:
+    """Poll a read until it shows a write (views are projections: eventually consistent)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await probe()
+        if ok(value):
+            return value
+        assert time.monotonic() < deadline, f"not reached in {timeout} s: {value}"
+        await asyncio.sleep(0.02)
 
 
 _NO_BODY = object()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
 import aiohttp
@@ -69,3 +71,19 @@ async def test_the_openapi_document_describes_every_route_the_app_registers(api:
     assert schemas["SendMessage"]["additionalProperties"] is False
     for frame in ("AuthFrame", "MarkReadFrame", "PullHistoryFrame", "RebuildFrame", "SessionListBatchFrame"):
         assert frame in schemas
+
+
+async def test_stopping_the_server_closes_open_sockets_with_going_away(tmp_path: Path) -> None:
+    with serving(tmp_path) as server:
+        async with aiohttp.ClientSession() as session:
+            api = Api(session, server)
+            sock = await api.user("acme", "ann").socket()
+            await sock.expect("AUTH_OK")
+            await sock.session_list()
+            assert server.runtime.hub.online_count() == 1
+            started = time.monotonic()
+            await asyncio.get_running_loop().run_in_executor(None, server.stop)
+            assert time.monotonic() - started < 5
+            msg = await sock.ws.receive(timeout=5)
+            assert msg.type is aiohttp.WSMsgType.CLOSE and msg.data == aiohttp.WSCloseCode.GOING_AWAY
+            assert server.runtime.hub.online_count() == 0

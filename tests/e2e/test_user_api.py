@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.e2e.conftest import Api, conversation, expect
+from tests.e2e.conftest import Api, conversation, eventually, expect
 
 
 async def send_many(api: Api, cid: str, texts: list[str], sender: str = "ann") -> None:
@@ -60,10 +60,8 @@ async def test_mark_read_makes_the_unread_count_zero(api: Api, cid: str) -> None
     assert expect(await bob.read(cid, 3), 200) == {"conversation_id": cid, "read_seq": 3}
 
     # The read lands through the projection: poll the session list rather than sleep.
-    for _ in range(200):
-        (item,) = expect(await bob.sessions(), 200)["sessions"]
-        if item["read_conversation_seq"] == 3:
-            break
+    listing = await eventually(bob.sessions, lambda r: r.body["sessions"][0]["read_conversation_seq"] == 3)
+    (item,) = listing.body["sessions"]
     assert item["unread_count"] == 0 and item["unread_exact"] is True
 
 

@@ -7,7 +7,7 @@ import asyncio
 import time
 import uuid
 
-from tests.e2e.conftest import Api, conversation, expect
+from tests.e2e.conftest import Api, conversation, eventually, expect
 
 
 async def test_a_client_syncs_receives_live_messages_marks_read_pulls_history_and_rebuilds(api: Api, cid: str) -> None:
@@ -131,7 +131,7 @@ async def test_a_silent_member_of_a_mention_only_group_gets_the_message_unmateri
         ),
         200,
     )
-    assert expect(await svc.head(cid), 200)["write_policy"] == "mention_only"
+    await eventually(lambda: svc.head(cid), lambda r: r.body["write_policy"] == "mention_only")
 
     sock = await api.user(tenant, "quiet1").socket()
     await sock.expect("AUTH_OK")
@@ -158,6 +158,7 @@ async def test_a_socket_of_another_tenant_with_the_same_user_id_receives_nothing
     user = f"ann-{cid}"
     acme = await conversation(api, "acme", cid, ["zed", user])
     globex = await conversation(api, "globex", cid, ["zed", user])
+    await eventually(api.user("globex", user).sessions, lambda r: len(r.body["sessions"]) == 1)
     sock = await api.user("globex", user).socket()
     await sock.expect("AUTH_OK")
     (batch,) = await sock.session_list()
