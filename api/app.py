@@ -19,7 +19,9 @@ from fanout.runtime import EmbeddedRuntime
 
 log = logging.getLogger("fanout.api")
 
-EXECUTOR_THREADS = 4  # commands are serialized by the application's lock anyway
+# Commands are serialized by the application's lock anyway; the extra threads keep reads
+# and the REBUILD waits for projection from starving sends.
+EXECUTOR_THREADS = 8
 
 
 async def executor_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -19,7 +19,11 @@ ROLE_TEXT = {
     frozenset({"admin"}): "admin token",
     frozenset({"user"}): "user token (acts as its sub)",
 }
-INTEGER_PARAMS = {"seq"}
+PATH_SCHEMAS: dict[str, dict[str, Any]] = {
+    "seq": {"type": "integer", "minimum": 1},
+    "size_bucket": {"type": "string", "enum": ["small", "medium", "large"]},
+    "review_id": {"type": "string", "format": "uuid"},
+}
 
 
 def _ref(model: type[BaseModel]) -> dict[str, str]:
@@ -72,7 +76,7 @@ def _operation(method: str, path: str, handler: Any, components: dict[str, Any])
                 "name": name,
                 "in": "path",
                 "required": True,
-                "schema": {"type": "integer", "minimum": 1} if name in INTEGER_PARAMS else {"type": "string"},
+                "schema": PATH_SCHEMAS.get(name, {"type": "string"}),
             }
         )
     if spec.query is not None:
