@@ -38,11 +38,66 @@ def check_id(value: Any, what: str) -> str:
 
 
 class Conversation(Aggregate):
+    class Created(Aggregate.Created):
+        tenant: str
+        conversation_id: str
+        title: str
+        at: float
+
+    class MembersJoined(Aggregate.Event):
+        user_ids: list[str]
+        at_seq: int
+        at: float
+
+    class MemberLeft(Aggregate.Event):
+        user_id: str
+        at_seq: int
+        at: float
+
+    class MessageSent(Aggregate.Event):
+        seq: int
+        message_id: str
+        sender: str
+        text: str
+        mentions: list[str]
+        mention_all: bool
+        reply_to_seq: int | None
+        reply_to_user: str | None
+        announcement: bool
+        client_msg_id: str | None
+        write_policy: str
+        fanout_entries: int
+        member_count: int
+        rate: float
+        sender_rate: list[float]
+        at: float
+
+    class ReadMarked(Aggregate.Event):
+        user_id: str
+        read_seq: int
+        at: float
+
+    class RebuildRequested(Aggregate.Event):
+        user_id: str
+        at_seq: int
+        at: float
+
+    class WritePolicyChanged(Aggregate.Event):
+        size_bucket: str
+        from_policy: str
+        to_policy: str
+        at_seq: int
+        reason: str
+        alpha: float
+        member_count: int
+        n_eq: float | None
+        at: float
+
     @staticmethod
     def create_id(tenant: str, conversation_id: str, *_: Any, **__: Any) -> UUID:
         return uuid5(NAMESPACE, f"conversation/{tenant}/{conversation_id}")
 
-    @event("Created")
+    @event(Created)
     def __init__(self, tenant: str, conversation_id: str, title: str, at: float) -> None:
         self.tenant = tenant
         self.conversation_id = conversation_id
@@ -92,7 +147,7 @@ class Conversation(Aggregate):
         self._members_joined(user_ids=new, at_seq=self.seq, at=now)
         return new
 
-    @event("MembersJoined")
+    @event(MembersJoined)
     def _members_joined(self, user_ids: list[str], at_seq: int, at: float) -> None:
         for u in user_ids:
             self.members[u] = 0.0
@@ -102,7 +157,7 @@ class Conversation(Aggregate):
             raise NotAMember(f"{user_id} is not a member of {self.conversation_id}", user_id=user_id)
         self._member_left(user_id=user_id, at_seq=self.seq, at=now)
 
-    @event("MemberLeft")
+    @event(MemberLeft)
     def _member_left(self, user_id: str, at_seq: int, at: float) -> None:
         del self.members[user_id]
         self.sender_buckets.pop(user_id, None)
@@ -222,7 +277,7 @@ class Conversation(Aggregate):
         b.capacity, b.refill_per_sec = capacity, refill
         return b
 
-    @event("MessageSent")
+    @event(MessageSent)
     def _message_sent(
         self,
         seq: int,
@@ -276,7 +331,7 @@ class Conversation(Aggregate):
             )
         self._read_marked(user_id=user_id, read_seq=read_seq, at=now)
 
-    @event("ReadMarked")
+    @event(ReadMarked)
     def _read_marked(self, user_id: str, read_seq: int, at: float) -> None:
         if user_id in self.members:
             self.members[user_id] = at
@@ -287,7 +342,7 @@ class Conversation(Aggregate):
             raise NotAMember(f"{user_id} is not a member of {self.conversation_id}", user_id=user_id)
         self._rebuild_requested(user_id=user_id, at_seq=self.seq, at=now)
 
-    @event("RebuildRequested")
+    @event(RebuildRequested)
     def _rebuild_requested(self, user_id: str, at_seq: int, at: float) -> None:
         pass
 
@@ -315,7 +370,7 @@ class Conversation(Aggregate):
             )
         return switch
 
-    @event("WritePolicyChanged")
+    @event(WritePolicyChanged)
     def _write_policy_changed(
         self,
         size_bucket: str,

@@ -14,11 +14,21 @@ _NS = UUID("0b8c8a52-3f7e-4d6c-8e55-1f7d2a9c4b31")
 
 
 class TenantQuota(Aggregate):
+    class Created(Aggregate.Created):
+        tenant: str
+
+    class Charged(Aggregate.Event):
+        entries: int
+        conversation_id: str
+        capacity: float
+        refill_per_sec: float
+        at: float
+
     @staticmethod
     def create_id(tenant: str, *_: Any, **__: Any) -> UUID:
         return uuid5(_NS, f"tenant-quota/{tenant}")
 
-    @event("Created")
+    @event(Created)
     def __init__(self, tenant: str) -> None:
         self.tenant = tenant
         self.bucket: list[float] | None = None
@@ -44,7 +54,7 @@ class TenantQuota(Aggregate):
             at=now,
         )
 
-    @event("Charged")
+    @event(Charged)
     def _charged(self, entries: int, conversation_id: str, capacity: float, refill_per_sec: float, at: float) -> None:
         if self.bucket is None:
             b = TokenBucket.full(capacity, refill_per_sec, at)

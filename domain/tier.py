@@ -20,13 +20,29 @@ DECISIONS = ("enable_mention_only", "scale_out", "rate_limit", "no_action")
 
 
 class Review(Aggregate):
+    class Opened(Aggregate.Created):
+        tenant: str
+        size_bucket: str
+        trigger: str
+        details: dict[str, Any]
+        opened_by: str
+        at: float
+        review_key: str | None
+
+    class Decided(Aggregate.Event):
+        decision: str
+        params: dict[str, float]
+        by: str
+        note: str
+        at: float
+
     @staticmethod
     def create_id(*_: Any, review_key: str | None = None, **__: Any) -> UUID:
         """Metric-opened reviews have a deterministic key, so a replayed trigger
         cannot open the same review twice."""
         return uuid5(_NS, f"review/{review_key}") if review_key else uuid4()
 
-    @event("Opened")
+    @event(Opened)
     def __init__(
         self,
         tenant: str,
@@ -84,7 +100,7 @@ class Review(Aggregate):
             }
         self._decided(decision=decision, params=params, by=by, note=note, at=now)
 
-    @event("Decided")
+    @event(Decided)
     def _decided(self, decision: str, params: dict[str, float], by: str, note: str, at: float) -> None:
         self.status = "decided"
         self.decision = decision
@@ -94,11 +110,32 @@ class Review(Aggregate):
 
 
 class Tier(Aggregate):
+    class Created(Aggregate.Created):
+        tenant: str
+        size_bucket: str
+
+    class Enabled(Aggregate.Event):
+        review_id: str
+        min_saving: float
+        max_active_ratio: float
+        at: float
+
+    class RolledBack(Aggregate.Event):
+        by: str
+        reason: str
+        at: float
+
+    class ConversationEntered(Aggregate.Event):
+        conversation_id: str
+
+    class ConversationExited(Aggregate.Event):
+        conversation_id: str
+
     @staticmethod
     def create_id(tenant: str, size_bucket: str, *_: Any, **__: Any) -> UUID:
         return uuid5(_NS, f"tier/{tenant}/{size_bucket}")
 
-    @event("Created")
+    @event(Created)
     def __init__(self, tenant: str, size_bucket: str) -> None:
         self.tenant = tenant
         self.size_bucket = size_bucket
@@ -127,7 +164,7 @@ class Tier(Aggregate):
             at=now,
         )
 
-    @event("Enabled")
+    @event(Enabled)
     def _enabled(self, review_id: str, min_saving: float, max_active_ratio: float, at: float) -> None:
         self.enabled = True
         self.review_id = review_id
@@ -142,15 +179,15 @@ class Tier(Aggregate):
         self._rolled_back(by=by, reason=reason, at=now)
         return list(self.conversations)
 
-    @event("RolledBack")
+    @event(RolledBack)
     def _rolled_back(self, by: str, reason: str, at: float) -> None:
         self.enabled = False
         self.changed_at = at
 
-    @event("ConversationEntered")
+    @event(ConversationEntered)
     def conversation_entered(self, conversation_id: str) -> None:
         self.conversations[conversation_id] = True
 
-    @event("ConversationExited")
+    @event(ConversationExited)
     def conversation_exited(self, conversation_id: str) -> None:
         self.conversations.pop(conversation_id, None)

@@ -29,7 +29,7 @@ A = TypeVar("A", bound=Aggregate)
 
 class FanoutApplication(Application[UUID]):
     name = "fanout"
-    snapshotting_intervals = {Conversation: 200, TenantQuota: 2000, Tier: 200}  # type: ignore[dict-item]
+    snapshotting_intervals = {Conversation: 200, TenantQuota: 2000, Tier: 200}
     env = {"AGGREGATE_CACHE_MAXSIZE": "10000", "DEEPCOPY_FROM_AGGREGATE_CACHE": "n"}
 
     def __init__(
@@ -54,7 +54,7 @@ class FanoutApplication(Application[UUID]):
 
     def _find(self, cls: type[A], aggregate_id: UUID) -> A | None:
         try:
-            found: A = self.repository.get(aggregate_id)  # type: ignore[assignment]
+            found: A = self.repository.get(aggregate_id)
         except AggregateNotFoundError:
             return None
         self._loaded.append(found)

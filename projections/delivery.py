@@ -9,7 +9,7 @@ write per shard; the only O(N) write is the mailbox reference."""
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import singledispatchmethod
 from typing import Any
@@ -367,7 +367,7 @@ class DeliveryProjection:
             "decided_by": None,
             "decided_at": None,
         }
-        self.reviews[review["review_id"]] = review
+        self.reviews[str(e.originator_id)] = review
         w.put_review(review)
 
     @_process.register
@@ -377,7 +377,7 @@ class DeliveryProjection:
         w.put_review(review)
 
     def store_review(self, review_id: str) -> dict[str, Any]:
-        return dict(self.store.review(review_id))  # type: ignore[attr-defined]
+        return dict(self.store.review(review_id))
 
     @_process.register
     def _tier_enabled(self, e: Tier.Enabled, position: int, w: ViewWriter) -> None:
@@ -397,22 +397,16 @@ class DeliveryProjection:
         w.put_tier({"tier_id": str(e.originator_id), "enabled": False, "changed_at": e.at})
 
 
-class _ActivityView:
+class _ActivityView(Mapping[str, float]):
     """Read-only user -> last_active mapping over the member states (no copy)."""
 
     def __init__(self, members: dict[str, MemberState]) -> None:
         self._m = members
 
-    def keys(self) -> Any:
-        return self._m.keys()
-
-    def items(self) -> Iterable[tuple[str, float]]:
-        return ((u, s.last_active) for u, s in self._m.items())
-
     def __getitem__(self, k: str) -> float:
         return self._m[k].last_active
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[str]:
         return iter(self._m)
 
     def __len__(self) -> int:

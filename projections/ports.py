@@ -82,5 +82,7 @@ class ViewStore(Protocol):
     def position(self, projection: str) -> int: ...
 
     # reads used by projections at start-up
-    def load_conversation(self, tenant: str, conversation_id: str) -> tuple[dict[str, Any] | None, Iterator[tuple[str, MemberState]], list[int]]:
+    def load_conversation(
+        self, tenant: str, conversation_id: str
+    ) -> tuple[dict[str, Any] | None, dict[str, MemberState], list[int]]:
         """(head, member states, broadcast seqs)."""

@@ -142,14 +142,14 @@ class SqliteMailbox:
             "WHERE tenant=? AND user_id=? AND pos>? AND pos<=? ORDER BY pos LIMIT ?",
             (tenant, user_id, after, until, limit),
         ).fetchall()
-        return [tuple(r) for r in rows]  # type: ignore[misc]
+        return [tuple(r) for r in rows]
 
     def all_entries(self) -> Iterator[tuple[str, str, int, int, str, int]]:
         for r in self._reader().execute(
             "SELECT tenant, user_id, pos, conversation_seq, conversation_id, flags FROM mailbox "
             "ORDER BY tenant, user_id, pos"
         ):
-            yield tuple(r)  # type: ignore[misc]
+            yield tuple(r)
 
     def count(self) -> int:
         return int(self._reader().execute("SELECT count(*) FROM mailbox").fetchone()[0])

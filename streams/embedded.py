@@ -105,7 +105,7 @@ class EmbeddedRunner:
         return self.views.position(DeliveryProjection.name)
 
     def log_position(self) -> int:
-        return self.app.recorder.max_notification_id() or 0  # type: ignore[attr-defined]
+        return self.app.recorder.max_notification_id() or 0
 
     def wait_until(self, position: int, timeout: float = 30.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -136,7 +136,7 @@ class EmbeddedRunner:
         top = self.log_position()
         if top <= start:
             return 0
-        notes = self.app.recorder.select_notifications(  # type: ignore[attr-defined]
+        notes = self.app.recorder.select_notifications(
             start=start, limit=self.batch, stop=top, topics=self.topics, inclusive_of_start=False
         )
         done = 0
