@@ -49,6 +49,8 @@ class TokenBucket:
 
 
 def retry_after_ms(seconds: float) -> int:
+    """The retry hint, rounded up, plus 1 ms: epoch-sized timestamps carry ~0.2 us of
+    float error, and a client retrying exactly at the hint must be admitted."""
     if math.isinf(seconds):
         return -1
-    return max(1, math.ceil(seconds * 1000))
+    return math.ceil(seconds * 1000) + 1

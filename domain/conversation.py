@@ -192,7 +192,9 @@ class Conversation(Aggregate):
                 field="text",
                 max_text_length=params.max_text_length,
             )
-        if reply_to_seq is not None and not (1 <= reply_to_seq <= self.seq):
+        if reply_to_seq is not None and (
+            isinstance(reply_to_seq, bool) or not isinstance(reply_to_seq, int) or not 1 <= reply_to_seq <= self.seq
+        ):
             raise InvalidArgument(
                 f"reply_to_seq must be between 1 and {self.seq}", field="reply_to_seq", latest=self.seq
             )

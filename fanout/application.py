@@ -262,6 +262,10 @@ class FanoutApplication(Application[UUID]):
             return review_dict(review)
 
     def review(self, tenant: str, review_id: str) -> Review:
+        with self.lock:
+            return self._review(tenant, review_id)
+
+    def _review(self, tenant: str, review_id: str) -> Review:
         try:
             rid = UUID(review_id)
         except (ValueError, TypeError, AttributeError):
@@ -282,7 +286,7 @@ class FanoutApplication(Application[UUID]):
         note: str = "",
     ) -> dict[str, Any]:
         with self._unit() as touched:
-            review = self.review(tenant, review_id)
+            review = self._review(tenant, review_id)
             now = self.clock()
             review.decide(
                 decision,

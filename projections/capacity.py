@@ -73,8 +73,9 @@ class CapacityProjection:
 
     def rates(self) -> dict[str, float]:
         w = self.params.capacity_window
-        total = sum(x[3] for x in self.window)
-        large = sum(x[3] for x in self.window if x[2] == SizeBucket.LARGE.value)
+        window = tuple(self.window)  # one C-level copy: safe against the projector thread appending
+        total = sum(x[3] for x in window)
+        large = sum(x[3] for x in window if x[2] == SizeBucket.LARGE.value)
         return {"fanout_entries_per_sec": total / w, "large_group_entries_per_sec": large / w}
 
     def _checks(self) -> list[tuple[str, float, float, tuple[str, str]]]:
@@ -88,7 +89,7 @@ class CapacityProjection:
     def _dominant(self, bucket: str | None) -> tuple[str, str]:
         """The review's scope: the tenant x size bucket with the largest share of the window."""
         share: dict[tuple[str, str], int] = {}
-        for _, tenant, b, n in self.window:
+        for _, tenant, b, n in tuple(self.window):
             if bucket is None or b == bucket:
                 share[(tenant, b)] = share.get((tenant, b), 0) + n
         if not share:
