@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -54,17 +55,7 @@ CREATE TABLE IF NOT EXISTS tiers (tier_id TEXT PRIMARY KEY, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS capacity (projection TEXT PRIMARY KEY, body TEXT NOT NULL);
 """
 
-STATE_COLUMNS = (
-    "read_seq",
-    "joined_seq",
-    "last_active",
-    "delivered_seq",
-    "skipping",
-    "gap_end",
-    "rebuilt_seq",
-    "mention_seqs",
-    "broadcast_base",
-)
+STATE_COLUMNS = tuple(f.name for f in fields(MemberState))  # MemberState.row() order
 
 HEAD_COLUMNS = (
     "aggregate_id",
