@@ -1,0 +1,204 @@
+"""Explicit examples of the tricky paths of invariants G, U, M, H and A, on the real
+embedded runtime (SQLite event store and views, projections run synchronously)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from domain.delivery import MENTION
+from domain.errors import RateLimited
+from tests.integration.conftest import FakeClock, Harness
+from tests.integration.test_invariants_stateful import MIN_INTERVAL, PARAMS, WINDOW
+
+T = "t"
+
+
+@pytest.fixture
+def h(make_harness) -> Harness:
+    return make_harness(PARAMS)
+
+
+def session(h: Harness, user: str, cid: str = "c") -> dict[str, Any]:
+    sessions, _ = h.queries.session_list(T, user)
+    (item,) = [s for s in sessions if s["conversation_id"] == cid]
+    return item
+
+
+def mailbox_seqs(h: Harness, user: str, cid: str = "c") -> list[int]:
+    page = h.queries.mailbox(T, user, 0, 1000)
+    return [e["conversation_seq"] for e in page["entries"] if e["conversation_id"] == cid]
+
+
+def pull_history(h: Harness, user: str, after: int, cid: str = "c") -> list[int]:
+    page = h.queries.history(T, cid, user, after, 1000)
+    return [m["conversation_seq"] for m in page["messages"]]
+
+
+def enable(h: Harness, bucket: str = "small", min_saving: float = 1.5, ratio: float = 0.5) -> None:
+    rid = h.app.open_review(T, bucket, "manual", {}, "admin")["review_id"]
+    h.app.decide_review(T, rid, "enable_mention_only", "admin", min_saving, ratio)
+    h.settle()
+
+
+def send(h: Harness, clock: FakeClock, sender: str, cid: str = "c", **kw: Any) -> dict[str, Any]:
+    clock.advance(3.0)  # past the per-sender rate of 1 msg / 3 s
+    out = h.app.send_message(T, cid, sender=sender, text=f"from {sender}", **kw)
+    h.settle()
+    return out
+
+
+@pytest.fixture
+def in_mention_only(h: Harness, clock: FakeClock) -> Harness:
+    """c = {a, b, d}, nobody active, small tier enabled: the tier change enters mention_only."""
+    h.app.create_conversation(T, "c", "", ["a", "b", "d"])
+    h.settle()  # the tier change evaluates the conversations of its scope, read from the views
+    enable(h)
+    assert h.queries.head(T, "c")["write_policy"] == "mention_only"
+    return h
+
+
+def test_skipped_silent_member_rollback_pull_history_then_mark_read_makes_unread_exact(in_mention_only, clock):
+    h = in_mention_only
+    assert send(h, clock, "a")["write_policy"] == "mention_only"  # seq 1: b and d are silent
+    b = session(h, "b")
+    assert mailbox_seqs(h, "b") == []
+    assert b["unread_exact"] is False
+    assert b["unread_count"] == 1
+    assert b["delivered_conversation_seq"] == 0
+
+    # rollback: back to always at once, although the last switch was < MIN_INTERVAL ago
+    out = h.app.roll_back_tier(T, "small", "admin", "incident")
+    assert out["returned_to_always"] == ["c"]
+    h.settle()
+    assert send(h, clock, "a")["write_policy"] == "always"  # seq 2: everyone again
+    assert mailbox_seqs(h, "b") == [2]  # not backfilled
+    b = session(h, "b")
+    assert b["unread_exact"] is False, "still an estimate until MARK_READ or REBUILD"
+    assert b["delivered_conversation_seq"] == 0
+
+    # the protocol: PULL_HISTORY from delivered_conversation_seq closes the gap in the client
+    held = set(mailbox_seqs(h, "b")) | set(pull_history(h, "b", b["delivered_conversation_seq"]))
+    assert held == {1, 2}
+    h.app.mark_read(T, "c", "b", max(held))
+    h.settle()
+    b = session(h, "b")
+    assert b["unread_exact"] is True
+    assert b["unread_count"] == 0
+    assert "delivered_conversation_seq" not in b
+
+    # d never synced: still flagged, so its next sync pulls the gap too
+    d = session(h, "d")
+    assert d["unread_exact"] is False and d["delivered_conversation_seq"] == 0 and d["unread_count"] == 2
+
+
+def test_a_mention_of_a_silent_member_is_materialized_and_counted_once(in_mention_only, clock):
+    h = in_mention_only
+    send(h, clock, "a", mentions=["b", "b", "stranger"])  # seq 1
+    send(h, clock, "a", reply_to_seq=1)  # seq 2: a replies to itself: nobody else is mentioned
+    send(h, clock, "a", mentions=["b"], mention_all=True)  # seq 3: @all and @b counts once
+    entries = h.queries.mailbox(T, "b", 0, 100)["entries"]
+    assert [(e["conversation_seq"], bool(e["flags"] & MENTION)) for e in entries] == [(1, True), (3, True)]
+    b = session(h, "b")
+    assert b["mention_count"] == 2
+    assert session(h, "d")["mention_count"] == 1  # the @all
+    assert session(h, "a")["mention_count"] == 0  # own messages never count
+
+
+def test_a_reply_to_a_silent_member_is_materialized_and_counted(in_mention_only, clock):
+    h = in_mention_only
+    h.app.mark_read(T, "c", "b", 0)  # b becomes active for a moment
+    send(h, clock, "b")  # seq 1 by b
+    clock.advance(WINDOW + 1)  # b silent again
+    send(h, clock, "a", reply_to_seq=1)  # seq 2 replies to b
+    assert mailbox_seqs(h, "b") == [1, 2]
+    assert session(h, "b")["mention_count"] == 1
+
+
+def test_rebuild_of_a_skipped_member_makes_unread_exact_and_keeps_the_gap_flagged(in_mention_only, clock):
+    h = in_mention_only
+    send(h, clock, "a")
+    send(h, clock, "a")
+    h.app.request_rebuild(T, "c", "b")
+    h.settle()
+    b = session(h, "b")
+    assert b["unread_exact"] is True and b["unread_count"] == 2
+    # the mailbox still stops at delivered_conversation_seq, and says so
+    assert b["delivered_conversation_seq"] == 0
+    assert pull_history(h, "b", b["delivered_conversation_seq"]) == [1, 2]
+
+
+def test_a_skipped_member_that_leaves_and_rejoins_starts_clean(in_mention_only, clock):
+    h = in_mention_only
+    send(h, clock, "a")
+    h.app.remove_member(T, "c", "b")
+    h.settle()
+    assert [s["conversation_id"] for s in h.queries.session_list(T, "b")[0]] == []
+    h.app.add_members(T, "c", ["b"])
+    h.settle()
+    b = session(h, "b")
+    assert b["read_conversation_seq"] == 1 and b["unread_count"] == 0 and b["mention_count"] == 0
+    assert b["unread_exact"] is True
+
+
+def test_a_restart_mid_gap_keeps_the_gap_and_keeps_skipping(in_mention_only, clock):
+    h = in_mention_only
+    send(h, clock, "a")
+    before = session(h, "b")
+    h.restart()
+    assert session(h, "b") == before
+    send(h, clock, "a")
+    b = session(h, "b")
+    assert b["delivered_conversation_seq"] == 0 and b["unread_count"] == 2 and b["unread_exact"] is False
+    assert mailbox_seqs(h, "b") == []
+    assert h.queries.delivery(T, "c", 2)["mailbox_entries"] == 1
+
+
+def test_a_member_active_again_gets_entries_and_its_gap_is_bounded(in_mention_only, clock):
+    h = in_mention_only
+    send(h, clock, "a")  # 1: b skipped
+    h.app.mark_read(T, "c", "b", 0)  # b is active again (but does not hold 1)
+    send(h, clock, "a")  # 2: b materialized, the gap is (0, 1]
+    assert mailbox_seqs(h, "b") == [2]
+    b = session(h, "b")
+    assert b["unread_exact"] is False and b["delivered_conversation_seq"] == 0
+    assert pull_history(h, "b", 0) == [1, 2]
+    h.app.mark_read(T, "c", "b", 2)
+    h.settle()
+    assert session(h, "b")["unread_exact"] is True
+
+
+def test_no_switch_back_within_the_min_interval_but_at_the_next_evaluation_after_it(in_mention_only, clock):
+    h = in_mention_only
+    entered_at = clock.now
+    for u in ("a", "b", "d"):  # everyone active: alpha = 1 >= ratio, exit is due ...
+        h.app.mark_read(T, "c", u, 0)
+    assert h.app.evaluate_conversation(T, "c") == "mention_only"  # ... but not within MIN_INTERVAL
+    clock.now = entered_at + MIN_INTERVAL
+    assert h.app.evaluate_conversation(T, "c") == "always"
+
+
+def test_a_client_msg_id_retry_after_a_restart_returns_the_same_seq(h, clock):
+    h.app.create_conversation(T, "c", "", ["a", "b"])
+    first = send(h, clock, "a", client_msg_id="k1")
+    h.restart()
+    again = h.app.send_message(T, "c", sender="a", text="from a", client_msg_id="k1")
+    assert again["conversation_seq"] == first["conversation_seq"] and again["duplicate"] is True
+    h.settle()
+    assert mailbox_seqs(h, "b") == [1]
+
+
+def test_a_conversation_rate_below_one_message_per_second_still_admits_messages(make_harness, clock):
+    """rate_large=0.5 msg/s is a legal setting (FANOUT_RATE_LARGE); a large group must still be
+    able to send one message every 2 s, not be refused forever with retry_after_ms=-1."""
+    h = make_harness(replace(PARAMS, rate_large=0.5))
+    h.app.create_conversation(T, "c", "", [f"u{i}" for i in range(10)])  # large: > 8
+    try:
+        out = h.app.send_message(T, "c", sender="u0", text="hello")
+    except RateLimited as exc:
+        pytest.fail(f"the first message of a 0.5 msg/s conversation was refused: {exc.details}")
+    assert out["conversation_seq"] == 1
+    clock.advance(2.0)
+    assert h.app.send_message(T, "c", sender="u1", text="again")["conversation_seq"] == 2
