@@ -266,9 +266,11 @@ class Conversation(Aggregate):
 
     def _rate_bucket(self, rate: float, now: float) -> TokenBucket:
         if self.rate_bucket is None:
-            return TokenBucket.full(rate, rate, now)
+            return TokenBucket.full(max(rate, 1.0), rate, now)
         b = TokenBucket.from_state(self.rate_bucket)
-        b.capacity, b.refill_per_sec = rate, rate  # the bucket's size class may have changed
+        # the bucket's size class may have changed; a burst of at least one message, so a
+        # rate below 1 msg/s admits one message every 1/rate s instead of none ever
+        b.capacity, b.refill_per_sec = max(rate, 1.0), rate
         return b
 
     def _sender_bucket(self, sender: str, capacity: float, refill: float, now: float) -> TokenBucket:
