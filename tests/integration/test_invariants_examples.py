@@ -202,3 +202,74 @@ def test_a_conversation_rate_below_one_message_per_second_still_admits_messages(
     assert out["conversation_seq"] == 1
     clock.advance(2.0)
     assert h.app.send_message(T, "c", sender="u1", text="again")["conversation_seq"] == 2
+
+
+def test_state_survives_aggregate_snapshots_and_a_restart(in_mention_only, clock):
+    """Past the Conversation snapshot interval (200 events) a restart loads from a snapshot:
+    policy, its scope, the tier's roster and client_msg_ids must all survive it."""
+    h = in_mention_only
+    for i in range(205):
+        clock.advance(3.0)
+        h.app.send_message(T, "c", sender="a", text=f"n{i}", client_msg_id=f"k{i}")
+    h.settle()
+    assert h.app.conversation(T, "c").version > 200
+    h.restart()
+    assert h.app.send_message(T, "c", sender="a", text="x", client_msg_id="k3")["conversation_seq"] == 4
+    b = session(h, "b")
+    assert b["write_policy"] == "mention_only"
+    assert b["unread_count"] == 205 and b["delivered_conversation_seq"] == 0
+    out = h.app.roll_back_tier(T, "small", "admin", "after snapshot")
+    assert out["returned_to_always"] == ["c"]
+    h.settle()
+    assert h.queries.head(T, "c")["write_policy"] == "always"
+
+
+class Device:
+    """One client device of a user, following the sync protocol (session list, mailbox from
+    its own cursor, PULL_HISTORY for every flagged range)."""
+
+    def __init__(self, h: Harness, user: str) -> None:
+        self.h, self.user, self.cursor, self.held = h, user, 0, set()
+
+    def sync(self, cid: str = "c") -> set[int]:
+        sessions, _ = self.h.queries.session_list(T, self.user)
+        page = self.h.queries.mailbox(T, self.user, self.cursor, 1000)
+        self.held |= {e["conversation_seq"] for e in page["entries"] if e["conversation_id"] == cid}
+        self.cursor = page["next_after"]
+        for s in sessions:
+            d = s.get("delivered_conversation_seq")
+            if s["conversation_id"] == cid and d is not None and d < s["latest_conversation_seq"]:
+                self.held |= set(pull_history(self.h, self.user, d, cid))
+        return self.held
+
+    def mark_read(self, seq: int, cid: str = "c") -> None:
+        assert seq in self.held, "the protocol only marks read what the device holds"
+        self.h.app.mark_read(T, cid, self.user, seq)
+        self.h.settle()
+
+
+def test_a_second_device_of_a_user_finds_a_gap_that_the_first_device_closed(in_mention_only, clock):
+    """G with two devices: device X pulls the gap and MARK_READs through it, which clears
+    delivered_conversation_seq for the *user*; device Y, offline until now, then syncs by the
+    same protocol and must still end with the full history (seq 1 was never in the mailbox)."""
+    h = in_mention_only
+    x, y = Device(h, "b"), Device(h, "b")
+    send(h, clock, "a")  # 1: b silent, skipped
+    assert x.sync() == {1}  # flagged, pulled
+    x.mark_read(1)  # b is active again
+    send(h, clock, "a")  # 2: materialized for b; the gap is (0, 1]
+    assert x.sync() == {1, 2}
+    x.mark_read(2)  # closes the gap: x holds everything through 2
+    assert y.sync() == {1, 2}, "device Y misses seq 1 and nothing tells it so (undetectable gap)"
+
+
+def test_leaving_and_rejoining_does_not_reset_the_per_sender_rate(h, clock):
+    """A: accepted rate per (sender, conversation) never exceeds 1 msg / 3 s, even across a
+    leave and a rejoin (the sender's bucket must not be handed out fresh)."""
+    h.app.create_conversation(T, "c", "", ["a", "b"])
+    h.app.send_message(T, "c", sender="a", text="one")
+    h.app.remove_member(T, "c", "a")
+    h.app.add_members(T, "c", ["a"])
+    with pytest.raises(RateLimited) as info:
+        h.app.send_message(T, "c", sender="a", text="two, at the same instant")
+    assert info.value.details["gate"] == "per_sender_in_conversation_rate"

@@ -43,7 +43,6 @@ CIDS = ("c0", "c1")
 BUCKETS = ("small", "medium", "large")
 WINDOW = 10.0
 MIN_INTERVAL = 5.0
-# at least 1 msg/s: a bucket's capacity is its rate (see test_a_conversation_rate_below_one_message_per_second...)
 CONV_RATE = {"small": 3.0, "medium": 2.0, "large": 1.0}
 SENDER_RATE = Rate(1, 3.0)
 QUOTA_CAPACITY = 40.0
@@ -229,13 +228,15 @@ def check_window(times: list[tuple[float, float]], bound: Any, what: str) -> Non
 
 
 class FanoutMachine(RuleBasedStateMachine):
+    DEVICES = 1  # client devices per user
+
     def __init__(self) -> None:
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="fanout-inv-"))
         self.clock = FakeClock()
         self.h = Harness(self.dir, PARAMS, self.clock)
         self.model = Model()
-        self.clients: dict[str, Client] = {}
+        self.clients: dict[tuple[str, int], Client] = {}  # (user, device)
         self.h_pos = 0  # events checked for H so far
         self.h_tiers: dict[Any, bool] = {}
         self.h_reviews: dict[str, tuple[str, str]] = {}
@@ -432,7 +433,8 @@ class FanoutMachine(RuleBasedStateMachine):
         c.accepted.append((now, rate))
         check_window(
             [(t, 1.0) for t, _ in c.accepted],
-            lambda span, t: max(r for at, r in c.accepted if at >= t) * (1 + span),
+            # capacity is the rate, at least one message; refill is the rate
+            lambda span, t: max(max(r for at, r in c.accepted if at >= t), 1.0) + max(r for at, r in c.accepted if at >= t) * span,
             f"per_conversation_msg_rate of {c.cid}",
         )
         key = (sender, c.period[sender])  # a leave drops the sender's bucket: count per membership
@@ -535,22 +537,22 @@ class FanoutMachine(RuleBasedStateMachine):
 
     # -- clients ----------------------------------------------------------------------
 
-    @rule(user=st.sampled_from(USERS), new_device=st.integers(0, 5))
-    def client_sync(self, user: str, new_device: int) -> None:
-        self.sync(user, new_device == 0)
+    @rule(user=st.sampled_from(USERS), device=st.integers(0, 1), new_device=st.integers(0, 5))
+    def client_sync(self, user: str, device: int, new_device: int) -> None:
+        self.sync(user, device % self.DEVICES, new_device == 0)
 
     @precondition(has_convs)
-    @rule(data=st.data())
-    def member_client_sync(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), device=st.integers(0, 1))
+    def member_client_sync(self, data: st.DataObject, device: int) -> None:
         c = self.conv_of(data)
         if c.members:
-            self.sync(data.draw(st.sampled_from(sorted(c.members)), label="user"), False)
+            self.sync(data.draw(st.sampled_from(sorted(c.members)), label="user"), device % self.DEVICES, False)
 
-    def sync(self, user: str, new_device: bool) -> None:
+    def sync(self, user: str, device: int, new_device: bool) -> None:
         """G: session list, mailbox from the cursor, PULL_HISTORY for every flagged range."""
         if new_device:
-            self.clients[user] = Client()
-        client = self.clients.setdefault(user, Client())
+            self.clients[(user, device)] = Client()
+        client = self.clients.setdefault((user, device), Client())
         q = self.h.queries
         sessions, _ = q.session_list(T, user)
         while True:
@@ -592,8 +594,8 @@ class FanoutMachine(RuleBasedStateMachine):
         """MARK_READ only a seq the client holds (the protocol); to latest, unread becomes exact."""
         if not self.clients:
             return
-        user = data.draw(st.sampled_from(sorted(self.clients)), label="user")
-        client = self.clients[user]
+        user, device = data.draw(st.sampled_from(sorted(self.clients)), label="device")
+        client = self.clients[(user, device)]
         choices = sorted(
             (cid, s) for cid, seqs in client.held.items() if user in self.model.convs[cid].members for s in seqs
         )
@@ -724,11 +726,21 @@ class FanoutMachine(RuleBasedStateMachine):
         assert self.h_seen == self.model.switches, "H: the switches differ from the spec's state machine"
 
 
-FanoutMachine.TestCase.settings = settings(
+class MultiDeviceMachine(FanoutMachine):
+    """The same, with two devices per user: a MARK_READ on one device must not hide a gap
+    from the other (G holds per device, each following the protocol on its own cursor)."""
+
+    DEVICES = 2
+
+
+SETTINGS = settings(
     max_examples=int(os.environ.get("FANOUT_INVARIANT_EXAMPLES", "60")),
     stateful_step_count=40,
     deadline=None,
     phases=[p for p in Phase if p is not Phase.shrink] if os.environ.get("FANOUT_INVARIANT_NO_SHRINK") else list(Phase),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+FanoutMachine.TestCase.settings = SETTINGS
+MultiDeviceMachine.TestCase.settings = SETTINGS
 TestInvariants = FanoutMachine.TestCase
+TestInvariantsWithTwoDevicesPerUser = MultiDeviceMachine.TestCase
