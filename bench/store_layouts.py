@@ -31,6 +31,7 @@ Layouts (one function each, the hot loop is in the nested `write_message`):
                    --bucket-entries entries, so a write only dirties the small, hot bucket
   rocks_str        RocksDB (rocksdict, raw mode): key = user_id utf8 + 0x00 + pos>Q + seq>I
   rocks_int        RocksDB (rocksdict, raw mode): key = uid>I (integer surrogate) + pos>Q + seq>I
+  rocks_int_fsync  rocks_int with WriteOptions.sync=True (fsync of the WAL per message)
 
 Example:
   .venv/bin/python bench/store_layouts.py --prefill-messages 100 --members 100000 --messages 20
@@ -76,6 +77,7 @@ class Workload:
     reads: int
     read_limit: int
     bucket_entries: int
+    rocks_write_buffer_mb: int = 64
     seed: int = 1
     conv_id: str = "c-g000001"
 
@@ -154,17 +156,26 @@ def disk_size(*paths: Path) -> int:
 
 
 def measure(wl: Workload, write_message, read_inbox) -> dict:
-    """Drive the measured phase. write_message(m) must commit durably; read_inbox(i, cursor) -> rows."""
+    """Drive the measured phase.
+
+    write_message(m) must build and durably commit message m; it may return the seconds it spent
+    building keys/rows in Python (reported as 'build ms'). read_inbox(i, cursor) -> list of rows.
+    """
+    proc = psutil.Process()
     hwm_ok = _reset_peak_rss()
     sampler = RssSampler()
     sampler.start()
-    lat = []
+    lat, build = [], []
+    io0 = proc.io_counters().write_bytes
     t_all = time.perf_counter()
     for m in wl.measured:
         t0 = time.perf_counter()
-        write_message(m)
+        b = write_message(m)
         lat.append(time.perf_counter() - t0)
+        if b is not None:
+            build.append(b)
     total = time.perf_counter() - t_all
+    written = proc.io_counters().write_bytes - io0  # includes RocksDB background flush/compaction
 
     def timed_reads(cursor: int):
         rl, nrows = [], 0
@@ -185,10 +196,11 @@ def measure(wl: Workload, write_message, read_inbox) -> dict:
     for i in wl.verify_users():
         for row in read_inbox(i, 0):
             digest.update(repr(tuple(row)).encode())
-    return {
+    return ({"build_ms": 1e3 * statistics.fmean(build)} if build else {}) | {
         "entries_s": wl.messages * wl.members / total if total else 0.0,
         "msg_mean_ms": 1e3 * statistics.fmean(lat) if lat else 0.0,
         "msg_max_ms": 1e3 * max(lat) if lat else 0.0,
+        "written_msg": written / max(1, wl.messages),
         "peak_rss": peak,
         "read_p50_us": 1e6 * r_p50, "read_p99_us": 1e6 * r_p99, "read_rows": r_rows,
         "recent_p50_us": 1e6 * c_p50, "recent_p99_us": 1e6 * c_p99, "recent_rows": c_rows,
@@ -329,7 +341,7 @@ def layout_python_only(wl: Workload, ctx: dict) -> list[dict]:
         keys, vals = rocks_keys(m)
         wb = WriteBatch(raw_mode=True)
         put = wb.put
-        for k, v in zip(keys, vals):
+        for k, v in zip(keys, vals, strict=True):
             put(k, v)
 
     def sqlite_rows(m):
@@ -379,13 +391,16 @@ def _sqlite_batched(wl: Workload, ctx: dict, page_size: int) -> dict:
     users, conv = wl.users(), wl.conv_id
 
     def write_message(m):
+        t0 = time.perf_counter()
         pos, seq = wl.pos(m), wl.seq(m)
         rows = [(u, pos, seq, conv, 0) for u in users]     # users sorted -> rows sorted by PK
         for i, f in wl.flag_overrides(m).items():
             rows[i] = (users[i], pos, seq, conv, f)
+        t_build = time.perf_counter() - t0
         con.execute("BEGIN")
         con.executemany(TEXT_INSERT, rows)                 # hot loop runs in C
         con.execute("COMMIT")
+        return t_build
 
     def read_inbox(i, cursor):
         return con.execute(TEXT_READ, (users[i], cursor, wl.read_limit)).fetchall()
@@ -428,13 +443,16 @@ def layout_sqlite_log_index(wl: Workload, ctx: dict) -> dict:
     conv, uids = wl.conv_id, range(wl.members)
 
     def write_message(m):
+        t0 = time.perf_counter()
         pos, seq = wl.pos(m), wl.seq(m)
         rows = [(pos, uid, seq, conv, 0) for uid in uids]  # appended at the end of the table
         for i, f in wl.flag_overrides(m).items():
             rows[i] = (pos, i, seq, conv, f)
+        t_build = time.perf_counter() - t0
         con.execute("BEGIN")
         con.executemany(LOG_INSERT, rows)                  # + one random insert per row into the index
         con.execute("COMMIT")
+        return t_build
 
     def read_inbox(i, cursor):
         return con.execute(LOG_READ, (i, cursor, wl.read_limit)).fetchall()
@@ -489,21 +507,24 @@ def layout_sqlite_bucketed(wl: Workload, ctx: dict) -> dict:
     path, prefill_s = prefill_template(ctx, f"bucketed-{wl.bucket_entries}", build)
     con = sqlite_open_wal(path, cache_size=CACHE_256MIB, mmap_size=1 << 30)
     buckets = Buckets(wl.bucket_entries)                    # reload the directory (tiny)
-    for bid, first_pos, entries in con.execute("SELECT * FROM buckets ORDER BY bucket"):
+    for _bid, first_pos, entries in con.execute("SELECT * FROM buckets ORDER BY bucket"):
         buckets.first_pos.append(first_pos)
         buckets.count = entries
     uids = range(wl.members)
 
     def write_message(m):
+        t0 = time.perf_counter()
         pos, seq = wl.pos(m), wl.seq(m)
         bid = buckets.assign(pos, wl.members)
         rows = [(bid, uid, pos, seq, conv, 0) for uid in uids]
         for i, f in wl.flag_overrides(m).items():
             rows[i] = (bid, i, pos, seq, conv, f)
+        t_build = time.perf_counter() - t0
         con.execute("BEGIN")
         con.executemany(BUCKET_INSERT, rows)
         con.execute(BUCKET_UPSERT, (bid, pos, wl.members))
         con.execute("COMMIT")
+        return t_build
 
     def read_inbox(i, cursor):
         out, limit = [], wl.read_limit
@@ -522,14 +543,14 @@ def layout_sqlite_bucketed(wl: Workload, ctx: dict) -> dict:
                               f"bucket={wl.bucket_entries} entries"}
 
 
-def rocks_open(path: Path):
+def rocks_open(path: Path, write_buffer_mb: int):
     from rocksdict import BlockBasedOptions, Cache, DBCompressionType, Options, Rdict
 
     opt = Options(raw_mode=True)        # raw bytes keys/values: no pickling, bytewise comparator
     opt.create_if_missing(True)
     opt.increase_parallelism(2)
     opt.set_max_background_jobs(2)
-    opt.set_write_buffer_size(128 << 20)
+    opt.set_write_buffer_size(write_buffer_mb << 20)
     opt.set_max_write_buffer_number(4)
     opt.set_level_compaction_dynamic_level_bytes(True)
     opt.set_compression_type(DBCompressionType.lz4())
@@ -539,15 +560,16 @@ def rocks_open(path: Path):
     return Rdict(str(path), opt)
 
 
-def _rocks(wl: Workload, ctx: dict, prefixes: list[bytes], uppers: list[bytes], encoding: str) -> dict:
+def _rocks(wl: Workload, ctx: dict, prefixes: list[bytes], uppers: list[bytes], encoding: str,
+           sync: bool = False) -> dict:
     from rocksdict import ReadOptions, WriteBatch, WriteOptions
 
     path = ctx["workdir"] / ctx["layout"]
     shutil.rmtree(path, ignore_errors=True)
     conv_b = wl.conv_id.encode()
-    db = rocks_open(path)
+    db = rocks_open(path, wl.rocks_write_buffer_mb)
 
-    def batch_for(m) -> "WriteBatch":
+    def batch_for(m) -> WriteBatch:
         suffix = PACK_QI(wl.pos(m), wl.seq(m))
         vals = [b"\x00" + conv_b] * len(prefixes)
         for i, f in wl.flag_overrides(m).items():
@@ -568,11 +590,15 @@ def _rocks(wl: Workload, ctx: dict, prefixes: list[bytes], uppers: list[bytes], 
     ctx["notes"].append(f"rocks prefill (write+flush+compact) {prefill_s:.1f}s")
 
     durable = WriteOptions()
-    durable.sync = False           # WAL on, no fsync per commit (~ SQLite WAL synchronous=NORMAL)
-    durable.disable_wal = False
+    durable.sync = sync            # False: WAL on, no fsync per commit (~ SQLite WAL synchronous=NORMAL)
+    durable.disable_wal = False    # True: fsync the WAL on every write (survives power loss)
 
     def write_message(m):
-        db.write(batch_for(m), durable)                      # one atomic WriteBatch per message
+        t0 = time.perf_counter()
+        wb = batch_for(m)
+        t_build = time.perf_counter() - t0
+        db.write(wb, durable)                                # one atomic WriteBatch per message
+        return t_build
 
     def read_inbox(i, cursor):
         ro = ReadOptions()
@@ -591,13 +617,13 @@ def _rocks(wl: Workload, ctx: dict, prefixes: list[bytes], uppers: list[bytes], 
         return out
 
     res = measure(wl, write_message, read_inbox)
-    ctx["notes"].append(
-        "rocks after run: L0 files=%s, est. pending compaction=%s MB" % (
-            db.property_int_value("rocksdb.num-files-at-level0"),
-            (db.property_int_value("rocksdb.estimate-pending-compaction-bytes") or 0) >> 20))
+    l0 = db.property_int_value("rocksdb.num-files-at-level0")
+    pending = (db.property_int_value("rocksdb.estimate-pending-compaction-bytes") or 0) >> 20
+    ctx["notes"].append(f"rocks after run: L0 files={l0}, est. pending compaction={pending} MiB")
     db.close()
     return res | {"disk": disk_size(path), "prefill_s": prefill_s,
-                  "settings": f"{encoding}; WAL on, sync=False; wbuf 128MiB x4, lz4, 64MiB block cache"}
+                  "settings": f"{encoding}; WAL on, sync={sync}; write buffer "
+                              f"{wl.rocks_write_buffer_mb}MiB x4, lz4, 64MiB block cache"}
 
 
 def layout_rocks_str(wl: Workload, ctx: dict) -> dict:
@@ -612,6 +638,13 @@ def layout_rocks_int(wl: Workload, ctx: dict) -> dict:
                   "key=uid>I+pos>Q+seq>I (16B)")
 
 
+def layout_rocks_int_fsync(wl: Workload, ctx: dict) -> dict:
+    """rocks_int with WriteOptions.sync=True: one WAL fsync per message (power-loss durable)."""
+    return _rocks(wl, ctx, [i.to_bytes(4, "big") for i in range(wl.members)],
+                  [(i + 1).to_bytes(4, "big") for i in range(wl.members)],
+                  "key=uid>I+pos>Q+seq>I (16B)", sync=True)
+
+
 LAYOUTS = {
     "python_only": layout_python_only,
     "sqlite_naive": layout_sqlite_naive,
@@ -622,6 +655,7 @@ LAYOUTS = {
     "sqlite_bucketed": layout_sqlite_bucketed,
     "rocks_str": layout_rocks_str,
     "rocks_int": layout_rocks_int,
+    "rocks_int_fsync": layout_rocks_int_fsync,
 }
 
 
@@ -640,16 +674,18 @@ def _child(name: str, wl: Workload, workdir: str) -> tuple[list[dict], list[str]
 def fmt_table(rows: list[dict]) -> str:
     cols = [("layout", "layout", "{}"), ("entries/s", "entries_s", "{:,.0f}"),
             ("msg mean ms", "msg_mean_ms", "{:.1f}"), ("msg max ms", "msg_max_ms", "{:.1f}"),
+            ("build ms", "build_ms", "{:.1f}"), ("MiB written/msg", "written_msg", "{:.1f}"),
             ("peak RSS MiB", "peak_rss", "{:.0f}"), ("disk MiB", "disk", "{:.0f}"),
             ("read200 p50 us", "read_p50_us", "{:.0f}"), ("p99 us", "read_p99_us", "{:.0f}"),
             ("rows", "read_rows", "{:.0f}"), ("recent p50 us", "recent_p50_us", "{:.0f}"),
             ("p99 us", "recent_p99_us", "{:.0f}"), ("verify", "verify", "{}")]
-    mib = {"peak_rss", "disk"}
+    mib = {"peak_rss", "disk", "written_msg"}
     table = [[h for h, _, _ in cols]]
     for r in rows:
         table.append([(f.format(r[k] / 2**20 if k in mib else r[k]) if k in r else "-") for _, k, f in cols])
     widths = [max(len(row[c]) for row in table) for c in range(len(cols))]
-    lines = ["  ".join(cell.rjust(w) if c else cell.ljust(w) for c, (cell, w) in enumerate(zip(row, widths)))
+    lines = ["  ".join(cell.rjust(w) if c else cell.ljust(w)
+                       for c, (cell, w) in enumerate(zip(row, widths, strict=True)))
              for row in table]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
@@ -664,6 +700,8 @@ def main(argv=None) -> int:
     ap.add_argument("--read-limit", type=int, default=200)
     ap.add_argument("--bucket-entries", type=int, default=1_000_000,
                     help="sqlite_bucketed: entries per bucket before a new one is opened")
+    ap.add_argument("--rocks-write-buffer-mb", type=int, default=64,
+                    help="RocksDB write_buffer_size in MiB (max_write_buffer_number=4)")
     ap.add_argument("--layouts", default=",".join(LAYOUTS),
                     help="comma separated subset of: " + ", ".join(LAYOUTS))
     ap.add_argument("--workdir", default="/tmp/fanout_store_bench")
@@ -675,14 +713,15 @@ def main(argv=None) -> int:
     if unknown:
         ap.error(f"unknown layouts: {unknown}")
     wl = Workload(members=args.members, prefill_messages=args.prefill_messages, messages=args.messages,
-                  reads=args.reads, read_limit=args.read_limit, bucket_entries=args.bucket_entries)
+                  reads=args.reads, read_limit=args.read_limit, bucket_entries=args.bucket_entries,
+                  rocks_write_buffer_mb=args.rocks_write_buffer_mb)
     workdir = Path(args.workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     print(f"workload: {wl.members:,} members, prefill {wl.prefill_messages} msgs "
           f"({wl.members * wl.prefill_messages:,} entries), measure {wl.messages} msgs "
           f"({wl.members * wl.messages:,} entries); python {sys.version.split()[0]}, "
-          f"sqlite {sqlite3.sqlite_version}, cpus {os.cpu_count()}", flush=True)
+          f"sqlite {sqlite3.sqlite_version}, cpus {os.cpu_count()}, loadavg {os.getloadavg()[0]:.2f}", flush=True)
 
     results, t_start = [], time.perf_counter()
     try:
@@ -704,7 +743,8 @@ def main(argv=None) -> int:
     for r in results:
         if "settings" in r:
             print(f"  {r['layout']}: {r['settings']}; prefill/copy {r['prefill_s']:.1f}s")
-    print(f"\ntotal wall {time.perf_counter() - t_start:.0f}s. read200 = inbox page from cursor 0 "
+    print(f"\ntotal wall {time.perf_counter() - t_start:.0f}s, loadavg at end {os.getloadavg()[0]:.2f} "
+          "(anything above ~1 means other processes competed for the 2 cores). read200 = inbox page from cursor 0 "
           f"(limit {wl.read_limit}); recent = from the last prefill pos. 'verify' must match across stores.")
     return 0
 

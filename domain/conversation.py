@@ -160,7 +160,7 @@ class Conversation(Aggregate):
     @event(MemberLeft)
     def _member_left(self, user_id: str, at_seq: int, at: float) -> None:
         del self.members[user_id]
-        self.sender_buckets.pop(user_id, None)
+        # The sender bucket stays: leaving and rejoining must not reset the rate.
 
     # -- sending -----------------------------------------------------------
 

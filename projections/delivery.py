@@ -324,10 +324,9 @@ class DeliveryProjection:
             return
         s.last_active = e.at
         self._advance_read(m, s, e.read_seq)
-        # MARK_READ through the end of the gap means the client holds that history.
-        if s.delivered_seq is not None and not s.skipping and s.gap_end is not None and s.read_seq >= s.gap_end:
-            s.delivered_seq = None
-            s.gap_end = None
+        # The gap stays flagged: the mailbox really lacks those entries, and another
+        # device of this user may not hold them (ADR 0002). Unread is exact again once
+        # read_seq passes the gap's end.
         w.put_states(m.tenant, m.conversation_id, [(e.user_id, s)])
 
     @_process.register

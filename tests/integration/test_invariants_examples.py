@@ -87,7 +87,8 @@ def test_skipped_silent_member_rollback_pull_history_then_mark_read_makes_unread
     b = session(h, "b")
     assert b["unread_exact"] is True
     assert b["unread_count"] == 0
-    assert "delivered_conversation_seq" not in b
+    # the mailbox still lacks seq 1: the gap stays flagged for the user's other devices (ADR 0002)
+    assert b["delivered_conversation_seq"] == 0
 
     # d never synced: still flagged, so its next sync pulls the gap too
     d = session(h, "d")
