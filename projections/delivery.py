@@ -8,6 +8,7 @@ write per shard; the only O(N) write is the mailbox reference."""
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from projections.sharding import shard_of
 from projections.state import MemberState
 
 PREVIEW_LENGTH = 80
+_LIST_VERSIONS = itertools.count(1)
 
 
 @dataclass
@@ -37,6 +39,9 @@ class ConversationModel:
     skipping: set[str] = field(default_factory=set)  # members with an open gap
     _by_shard: dict[int, list[str]] | None = None
     _unsorted: set[int] = field(default_factory=set)
+    # A process-wide unique number per shard list state, so a cache keyed by it can never
+    # confuse this list with another model's (e.g. after a reset reloads the members).
+    shard_versions: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.skipping = {u for u, s in self.members.items() if s.skipping}
@@ -59,6 +64,8 @@ class ConversationModel:
                 by.setdefault(self.shard(u, n_shards), []).append(u)
             self._by_shard = by
             self._unsorted = set(by)
+            for shard in by:
+                self.shard_versions[shard] = next(_LIST_VERSIONS)
         for shard in self._unsorted:
             self._by_shard[shard].sort()
         self._unsorted.clear()
@@ -70,12 +77,15 @@ class ConversationModel:
                 shard = self.shard(u, n_shards)
                 self._by_shard.setdefault(shard, []).append(u)
                 self._unsorted.add(shard)
+                self.shard_versions[shard] = next(_LIST_VERSIONS)
 
     def left(self, user_id: str, n_shards: int) -> None:
         if self._by_shard is not None:
-            lst = self._by_shard.get(self.shard(user_id, n_shards))
+            shard = self.shard(user_id, n_shards)
+            lst = self._by_shard.get(shard)
             if lst is not None and user_id in lst:
                 lst.remove(user_id)
+                self.shard_versions[shard] = next(_LIST_VERSIONS)
 
 
 @dataclass(frozen=True)
@@ -236,7 +246,8 @@ class DeliveryProjection:
             if u in m.members and (materialized is None or u in materialized)
         }
         entries = sum(len(b) for b in shards.values())
-        w.put_mailbox(tenant, MessageRefs(cid, position, seq, base, special, shards))
+        versions = dict(m.shard_versions) if materialized is None else None
+        w.put_mailbox(tenant, MessageRefs(cid, position, seq, base, special, shards, versions))
 
         changed: list[tuple[str, MemberState]] = []
         if sender_state is not None:

@@ -28,6 +28,9 @@ class MessageRefs:
     flags: int
     special: dict[str, int]
     shards: dict[int, list[str]]
+    # shard -> version of that member list (bumped on join/leave), when the lists are the
+    # conversation's standing member lists: a store may cache what it derives from them.
+    versions: dict[int, int] | None = None
 
 
 class MailboxStore(Protocol):

@@ -81,6 +81,7 @@ class RocksMailbox:
         self._wo = WriteOptions()
         self._wo.sync = False  # WAL on, no fsync per batch: survives a process crash (kill -9)
         self._prefixes: dict[str, dict[str, bytes]] = {}  # tenant -> user -> key prefix
+        self._prefix_lists: dict[tuple[str, str, int], tuple[int, list[bytes]]] = {}
         self._lock = threading.Lock()
 
     def _prefix(self, tenant: str, user_id: str) -> bytes:
@@ -99,18 +100,33 @@ class RocksMailbox:
         posb = _POS.pack(refs.pos)
         cid = refs.conversation_id.encode()
         base_value = _VAL.pack(refs.seq, refs.flags) + cid
-        prefixes = self._prefixes.setdefault(tenant, {})
         wb = WriteBatch(raw_mode=True)
         n = 0
         for shard in sorted(refs.shards):
-            users = refs.shards[shard]
-            keys = [(prefixes.get(u) or self._prefix(tenant, u)) + posb for u in users]
+            prefixes = self._shard_prefixes(tenant, refs, shard)
+            keys = [p + posb for p in prefixes]
             deque(map(wb.put, keys, [base_value] * len(keys)), maxlen=0)
             n += len(keys)
         for u, flags in refs.special.items():  # later puts of a key win within a batch
             wb.put(self._prefix(tenant, u) + posb, _VAL.pack(refs.seq, flags) + cid)
         self.db.write(wb, self._wo)
         return n
+
+    def _shard_prefixes(self, tenant: str, refs: MessageRefs, shard: int) -> list[bytes]:
+        """The key prefixes of one shard's recipients, cached per member-list version:
+        in `always` a message's keys are then one bytes concat per member."""
+        users = refs.shards[shard]
+        version = refs.versions.get(shard) if refs.versions is not None else None
+        key = (tenant, refs.conversation_id, shard)
+        if version is not None:
+            cached = self._prefix_lists.get(key)
+            if cached is not None and cached[0] == version and len(cached[1]) == len(users):
+                return cached[1]
+        per_tenant = self._prefixes.setdefault(tenant, {})
+        prefixes = [per_tenant.get(u) or self._prefix(tenant, u) for u in users]
+        if version is not None:
+            self._prefix_lists[key] = (version, prefixes)
+        return prefixes
 
     def read(self, tenant: str, user_id: str, after: int, until: int, limit: int) -> list[MailboxEntry]:
         from rocksdict import ReadOptions
