@@ -228,7 +228,7 @@ class _Story:
         return out
 
     def policy_changes(self, after: int) -> list[Any]:
-        topic = get_topic(Conversation.WritePolicyChanged)  # type: ignore[attr-defined]
+        topic = get_topic(Conversation.WritePolicyChanged)
         notes = self.app.recorder.select_notifications(start=after, limit=100, topics=[topic], inclusive_of_start=False)
         return [self.app.mapper.to_domain_event(n) for n in notes]
 
