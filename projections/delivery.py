@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from bisect import bisect_right
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import singledispatchmethod
 from typing import Any
@@ -234,10 +234,13 @@ class DeliveryProjection:
         sender_state = m.members.get(e.sender)
         if sender_state is not None:
             sender_state.last_active = e.at
-        activity = _ActivityView(m.members)
-        recipients = materialized_members(policy, activity, targets, e.at, self.params.activity_window)
         everyone = policy is WritePolicy.ALWAYS or broadcast
-        materialized = None if everyone else frozenset(recipients)
+        materialized = None
+        if not everyone:
+            activity = {u: st.last_active for u, st in m.members.items()}
+            materialized = frozenset(
+                materialized_members(policy, activity, targets, e.at, self.params.activity_window)
+            )
         shards = self._recipients_by_shard(m, materialized)
         base = (ANNOUNCEMENT if targets.announcement else 0) | (MENTION_ALL if targets.mention_all else 0)
         special = {
@@ -249,20 +252,24 @@ class DeliveryProjection:
         versions = dict(m.shard_versions) if materialized is None else None
         w.put_mailbox(tenant, MessageRefs(cid, position, seq, base, special, shards, versions))
 
-        changed: list[tuple[str, MemberState]] = []
+        # Gap transitions first (a narrow update of three columns, possibly for many
+        # members at a switch), then the few full rows (sender, mentioned), which win.
+        gaps = self._gap_transitions(m, seq, e.at, e.sender, materialized)
+        if gaps:
+            w.put_gaps(tenant, cid, [(u, m.members[u]) for u in gaps])
+        changed: dict[str, MemberState] = {}
         if sender_state is not None:
             # Sending marks the conversation read for the sender (ADR 0002).
             self._advance_read(m, sender_state, seq)
-            changed.append((e.sender, sender_state))
+            changed[e.sender] = sender_state
         personal = targets.personal() if not broadcast else set()
         for u in personal:
             s = m.members.get(u)
             if s is not None:
                 s.mention_seqs.append(seq)
-                changed.append((u, s))
-        changed.extend(self._gap_transitions(m, seq, e.at, e.sender, materialized))
+                changed[u] = s
         if changed:
-            w.put_states(tenant, cid, _dedupe(changed))
+            w.put_states(tenant, cid, list(changed.items()))
         w.put_delivery(
             tenant,
             cid,
@@ -292,15 +299,15 @@ class DeliveryProjection:
 
     def _gap_transitions(
         self, m: ConversationModel, seq: int, at: float, sender: str, materialized: frozenset[str] | None
-    ) -> list[tuple[str, MemberState]]:
-        """Write a member's row only when it starts or stops being skipped."""
-        changed = []
+    ) -> list[str]:
+        """Members whose row changes because they start or stop being skipped."""
+        changed: list[str] = []
         if materialized is None:  # everyone got this message: open gaps end before it
             for u in m.skipping:
                 s = m.members[u]
                 s.skipping = False
                 s.gap_end = seq - 1
-                changed.append((u, s))
+                changed.append(u)
             m.skipping.clear()
             return changed
         window = self.params.activity_window
@@ -311,13 +318,13 @@ class DeliveryProjection:
                     if s.delivered_seq is None:
                         s.delivered_seq = seq - 1
                     m.skipping.add(u)
-                    changed.append((u, s))
+                    changed.append(u)
             elif s.skipping and (u == sender or is_active(s.last_active, at, window)):
                 # Materialized because active again, not only because mentioned.
                 s.skipping = False
                 s.gap_end = seq - 1
                 m.skipping.discard(u)
-                changed.append((u, s))
+                changed.append(u)
         return changed
 
     def _advance_read(self, m: ConversationModel, s: MemberState, read_seq: int) -> None:
@@ -407,21 +414,3 @@ class DeliveryProjection:
         w.put_tier({"tier_id": str(e.originator_id), "enabled": False, "changed_at": e.at})
 
 
-class _ActivityView(Mapping[str, float]):
-    """Read-only user -> last_active mapping over the member states (no copy)."""
-
-    def __init__(self, members: dict[str, MemberState]) -> None:
-        self._m = members
-
-    def __getitem__(self, k: str) -> float:
-        return self._m[k].last_active
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._m)
-
-    def __len__(self) -> int:
-        return len(self._m)
-
-
-def _dedupe(changed: list[tuple[str, MemberState]]) -> list[tuple[str, MemberState]]:
-    return list({u: (u, s) for u, s in changed}.values())

@@ -65,6 +65,9 @@ class ViewWriter(Protocol):
 
     def put_states(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, MemberState]]) -> None: ...
 
+    def put_gaps(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, MemberState]]) -> None:
+        """Update only delivered_seq, skipping and gap_end of existing rows."""
+
     def delete_state(self, tenant: str, conversation_id: str, user_id: str) -> None: ...
 
     def put_delivery(self, tenant: str, conversation_id: str, seq: int, record: dict[str, Any]) -> None: ...

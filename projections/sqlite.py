@@ -216,6 +216,16 @@ class SqliteWriter:
             [(tenant, u, conversation_id, *s.row().values()) for u, s in states],
         )
 
+    def put_gaps(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, MemberState]]) -> None:
+        """Only the gap columns, updated in place: the burst of a policy switch."""
+        if "state" not in self.parts:
+            return
+        self.con.executemany(
+            "UPDATE states SET delivered_seq=?, skipping=?, gap_end=? "
+            "WHERE tenant=? AND user_id=? AND conversation_id=?",
+            [(s.delivered_seq, s.skipping, s.gap_end, tenant, u, conversation_id) for u, s in states],
+        )
+
     def delete_state(self, tenant: str, conversation_id: str, user_id: str) -> None:
         if "state" not in self.parts:
             return
