@@ -329,3 +329,25 @@ async def conversation(api: Api, tenant: str, cid: str, members: list[str]) -> A
     svc = api.service(tenant)
     expect(await svc.create_conversation(conversation_id=cid, title=f"title of {cid}", members=members), 201)
     return svc
+
+
+QUIET_GROUP = ["ann", *[f"quiet{i}" for i in range(9)]]
+
+
+async def quiet_group_with_review_enabled(api: Api, tenant: str, cid: str) -> tuple[ApiClient, ApiClient, str]:
+    """A small group where only ann is active (alpha = 1/10), then a review decided
+    enable_mention_only for the tenant's small bucket with read_diffusion_min_saving 1 and
+    read_diffusion_max_active_ratio 0.9 (N x (1 - alpha) = 9 > 1 and alpha < 0.9).
+    Returns (service client, admin client, review id)."""
+    svc = await conversation(api, tenant, cid, QUIET_GROUP)
+    expect(await svc.send(cid, sender="ann", text="before"), 201)
+    await svc.materialized(cid, 1)
+    admin = api.admin(tenant)
+    rid = expect(await admin.open_review(size_bucket="small"), 201)["review_id"]
+    expect(
+        await admin.decide(
+            rid, decision="enable_mention_only", read_diffusion_min_saving=1.0, read_diffusion_max_active_ratio=0.9
+        ),
+        200,
+    )
+    return svc, admin, rid

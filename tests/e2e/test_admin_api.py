@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from tests.e2e.conftest import Api, Server, conversation, expect
+from tests.e2e.conftest import Api, Server, conversation, expect, quiet_group_with_review_enabled
 
 
 def fresh_tenant() -> str:
@@ -87,20 +87,7 @@ async def test_an_approved_review_switches_a_quiet_group_to_mention_only_and_a_r
     api: Api, cid: str
 ) -> None:
     tenant = fresh_tenant()
-    members = ["ann", *[f"quiet{i}" for i in range(9)]]
-    svc = await conversation(api, tenant, cid, members)
-    expect(await svc.send(cid, sender="ann", text="before"), 201)
-    await svc.materialized(cid, 1)
-
-    admin = api.admin(tenant)
-    rid = expect(await admin.open_review(size_bucket="small"), 201)["review_id"]
-    # alpha = 1/10 active; N x (1 - alpha) = 9 > 1 and alpha < 0.9: the group enters mention_only.
-    expect(
-        await admin.decide(
-            rid, decision="enable_mention_only", read_diffusion_min_saving=1.0, read_diffusion_max_active_ratio=0.9
-        ),
-        200,
-    )
+    svc, admin, rid = await quiet_group_with_review_enabled(api, tenant, cid)
     (small, *_) = expect(await admin.tiers(), 200)["tiers"]
     assert small["state"] == "enabled" and small["review_id"] == rid
     assert small["conversations"] == [cid]

@@ -7,7 +7,7 @@ import asyncio
 import time
 import uuid
 
-from tests.e2e.conftest import Api, conversation, eventually, expect
+from tests.e2e.conftest import Api, conversation, eventually, expect, quiet_group_with_review_enabled
 
 
 async def test_a_client_syncs_receives_live_messages_marks_read_pulls_history_and_rebuilds(api: Api, cid: str) -> None:
@@ -120,17 +120,7 @@ async def test_a_silent_member_of_a_mention_only_group_gets_the_message_unmateri
     api: Api, cid: str
 ) -> None:
     tenant = f"t-{uuid.uuid4().hex[:8]}"
-    svc = await conversation(api, tenant, cid, ["ann", *[f"quiet{i}" for i in range(9)]])
-    expect(await svc.send(cid, sender="ann", text="before"), 201)
-    await svc.materialized(cid, 1)
-    admin = api.admin(tenant)
-    rid = expect(await admin.open_review(size_bucket="small"), 201)["review_id"]
-    expect(
-        await admin.decide(
-            rid, decision="enable_mention_only", read_diffusion_min_saving=1.0, read_diffusion_max_active_ratio=0.9
-        ),
-        200,
-    )
+    svc, _admin, _rid = await quiet_group_with_review_enabled(api, tenant, cid)
     await eventually(lambda: svc.head(cid), lambda r: r.body["write_policy"] == "mention_only")
 
     sock = await api.user(tenant, "quiet1").socket()
