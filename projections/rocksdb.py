@@ -17,7 +17,6 @@ ones (measured, docs/PERFORMANCE.md)."""
 
 from __future__ import annotations
 
-import shutil
 import struct
 import threading
 from collections import deque
@@ -169,9 +168,6 @@ class RocksMailbox:
     def count(self) -> int:
         return sum(1 for _ in self.all_entries())
 
-    def estimated_count(self) -> int:
-        return int(self.db.property_int_value("rocksdb.estimate-num-keys") or 0)
-
     def flush(self) -> None:
         pass  # each write() is in the WAL before it returns
 
@@ -180,7 +176,3 @@ class RocksMailbox:
             if self.db is not None:
                 self.db.close()
                 self.db = None
-
-    @staticmethod
-    def destroy(path: Path | str) -> None:
-        shutil.rmtree(path, ignore_errors=True)

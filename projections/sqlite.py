@@ -446,15 +446,6 @@ class SqliteViews:
         ).fetchone()
         return dict(row) if row else None
 
-    def member_ids(self, tenant: str, conversation_id: str) -> list[str]:
-        return [
-            r[0]
-            for r in self.reader().execute(
-                "SELECT user_id FROM states INDEXED BY states_by_conversation WHERE tenant=? AND conversation_id=?",
-                (tenant, conversation_id),
-            )
-        ]
-
     def review(self, review_id: str) -> dict[str, Any]:
         row = self.reader().execute("SELECT body FROM reviews WHERE review_id=?", (review_id,)).fetchone()
         if row is None:
