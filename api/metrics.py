@@ -24,14 +24,8 @@ ADMISSION_GATES = (
 )
 
 
-def capacity_rates(runtime: Any, attempts: int = 5) -> dict[str, float]:
-    """runner.capacity.rates() read from another thread than the projector's: the
-    window deque may change under the iteration, so retry a few times."""
-    for _ in range(attempts - 1):
-        try:
-            return dict(runtime.runner.capacity.rates())
-        except RuntimeError:  # deque mutated during iteration
-            continue
+def capacity_rates(runtime: Any) -> dict[str, float]:
+    """runner.capacity.rates(): running sums, safe to read from another thread."""
     return dict(runtime.runner.capacity.rates())
 
 

@@ -224,7 +224,7 @@ def capacity_report(data_dir: Path, params: Parameters) -> dict[str, Any]:
     rates = cap.rates()
     t1_limit = params.t1_ratio * params.platform_fanout_budget
     t2_limit = params.t2_ratio * params.mailbox_write_budget
-    last = cap.window[-1][0] if cap.window else None
+    last = cap.last_at
     return {
         "window_s": params.capacity_window,
         "last_event_at": last,

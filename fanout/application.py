@@ -30,7 +30,13 @@ A = TypeVar("A", bound=Aggregate)
 class FanoutApplication(Application[UUID]):
     name = "fanout"
     snapshotting_intervals = {Conversation: 200, TenantQuota: 2000, Tier: 200}
-    env = {"AGGREGATE_CACHE_MAXSIZE": "10000", "DEEPCOPY_FROM_AGGREGATE_CACHE": "n"}
+    # One writer per event store (the data-dir lock), so a cached aggregate is never
+    # behind the store: no deep copy, and no fast-forward query per command.
+    env = {
+        "AGGREGATE_CACHE_MAXSIZE": "10000",
+        "DEEPCOPY_FROM_AGGREGATE_CACHE": "n",
+        "AGGREGATE_CACHE_FASTFORWARD": "n",
+    }
 
     def __init__(
         self,
@@ -49,6 +55,7 @@ class FanoutApplication(Application[UUID]):
         self.lock = threading.RLock()
         self.saved_listeners: list[Callable[[], None]] = []
         self._loaded: list[Aggregate] = []
+        self._no_tier: set[tuple[str, str]] = set()
 
     # -- plumbing ------------------------------------------------------------
 
@@ -93,7 +100,13 @@ class FanoutApplication(Application[UUID]):
                 cache.get(aggregate_id, evict=True)
 
     def _tier(self, tenant: str, size_bucket: str) -> Tier | None:
-        return self._find(Tier, Tier.create_id(tenant, size_bucket))
+        # Most scopes never get a tier: remember that, instead of a store query per send.
+        if (tenant, size_bucket) in self._no_tier:
+            return None
+        tier = self._find(Tier, Tier.create_id(tenant, size_bucket))
+        if tier is None:
+            self._no_tier.add((tenant, size_bucket))
+        return tier
 
     def _quota(self, tenant: str) -> TenantQuota:
         q = self._find(TenantQuota, TenantQuota.create_id(tenant))
@@ -299,6 +312,7 @@ class FanoutApplication(Application[UUID]):
             touched.append(review)
             if decision == "enable_mention_only":
                 tier = self._tier(tenant, review.size_bucket) or Tier(tenant=tenant, size_bucket=review.size_bucket)
+                self._no_tier.discard((tenant, review.size_bucket))
                 tier.enable(review, now)
                 touched.append(tier)
             result = review_dict(review)

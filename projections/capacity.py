@@ -6,6 +6,7 @@ enables a tier or switches a conversation."""
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -23,21 +24,34 @@ class ReviewTrigger:
 
 
 class CapacityProjection:
+    """Fan-out entries per second over an event-time window, kept as one slot per
+    second (entries per tenant x size bucket) with running sums, so each message
+    costs O(scopes) and the saved state stays small whatever the message rate."""
+
     name = "capacity"
 
     def __init__(self, params: Parameters, state: dict[str, Any] | None = None) -> None:
         self.params = params
-        # (at, tenant, size_bucket, entries) within the window
-        self.window: deque[tuple[float, str, str, int]] = deque(tuple(x) for x in (state or {}).get("window", []))
-        self.first_at: float | None = (state or {}).get("first_at")
-        self.firing: dict[str, bool] = dict((state or {}).get("firing", {}))
-        self.entries_total = int((state or {}).get("entries_total", 0))
-        self.messages_total = int((state or {}).get("messages_total", 0))
+        state = state or {}
+        # (second, {"tenant\x1fbucket": entries}) oldest first
+        self.slots: deque[tuple[int, dict[str, int]]] = deque(
+            (int(sec), dict(per)) for sec, per in state.get("slots", [])
+        )
+        self.first_at: float | None = state.get("first_at")
+        self.last_at: float | None = state.get("last_at")
+        self.firing: dict[str, bool] = dict(state.get("firing", {}))
+        self.entries_total = int(state.get("entries_total", 0))
+        self.messages_total = int(state.get("messages_total", 0))
+        self.per_scope: dict[str, int] = {}
+        for _, per in self.slots:
+            for k, n in per.items():
+                self.per_scope[k] = self.per_scope.get(k, 0) + n
 
     def state(self) -> dict[str, Any]:
         return {
-            "window": list(self.window),
+            "slots": [[sec, per] for sec, per in self.slots],
             "first_at": self.first_at,
+            "last_at": self.last_at,
             "firing": self.firing,
             "entries_total": self.entries_total,
             "messages_total": self.messages_total,
@@ -47,18 +61,29 @@ class CapacityProjection:
         w = self.params.capacity_window
         if self.first_at is None:
             self.first_at = at
-        self.window.append((at, tenant, bucket, entries))
+        self.last_at = at
+        sec = math.floor(at)
+        if not self.slots or self.slots[-1][0] != sec:
+            self.slots.append((sec, {}))
+        scope = f"{tenant}\x1f{bucket}"
+        per = self.slots[-1][1]
+        per[scope] = per.get(scope, 0) + entries
+        self.per_scope[scope] = self.per_scope.get(scope, 0) + entries
         self.entries_total += entries
         self.messages_total += 1
-        while self.window and self.window[0][0] < at - w:
-            self.window.popleft()
+        while self.slots and self.slots[0][0] <= at - w - 1:
+            for k, n in self.slots.popleft()[1].items():
+                left = self.per_scope[k] - n
+                if left:
+                    self.per_scope[k] = left
+                else:
+                    del self.per_scope[k]
         if at - self.first_at < w:
             return []  # not yet a whole window: nothing is "sustained"
         out = []
-        for trigger, value, limit, scope in self._checks():
+        for trigger, value, limit, (tenant_, bucket_) in self._checks():
             over = value > limit
             if over and not self.firing.get(trigger):
-                tenant_, bucket_ = scope
                 out.append(
                     ReviewTrigger(
                         trigger,
@@ -73,9 +98,9 @@ class CapacityProjection:
 
     def rates(self) -> dict[str, float]:
         w = self.params.capacity_window
-        window = tuple(self.window)  # one C-level copy: safe against the projector thread appending
-        total = sum(x[3] for x in window)
-        large = sum(x[3] for x in window if x[2] == SizeBucket.LARGE.value)
+        per = dict(self.per_scope)  # one C-level copy: safe against the projector thread
+        total = sum(per.values())
+        large = sum(n for k, n in per.items() if k.endswith("\x1f" + SizeBucket.LARGE.value))
         return {"fanout_entries_per_sec": total / w, "large_group_entries_per_sec": large / w}
 
     def _checks(self) -> list[tuple[str, float, float, tuple[str, str]]]:
@@ -88,10 +113,10 @@ class CapacityProjection:
 
     def _dominant(self, bucket: str | None) -> tuple[str, str]:
         """The review's scope: the tenant x size bucket with the largest share of the window."""
-        share: dict[tuple[str, str], int] = {}
-        for _, tenant, b, n in tuple(self.window):
-            if bucket is None or b == bucket:
-                share[(tenant, b)] = share.get((tenant, b), 0) + n
-        if not share:
-            return ("-", bucket or "large")
-        return max(share.items(), key=lambda kv: kv[1])[0]
+        best: tuple[str, str] | None = None
+        most = -1
+        for k, n in dict(self.per_scope).items():
+            tenant, b = k.split("\x1f", 1)
+            if (bucket is None or b == bucket) and n > most:
+                best, most = (tenant, b), n
+        return best if best is not None else ("-", bucket or "large")

@@ -156,6 +156,7 @@ class EmbeddedRunner:
         delivered: list[Delivered] = []
         triggers: list[ReviewTrigger] = []
         count = 0
+        capacity_changed = False
         with self.views.unit_of_work(self.parts, now=None) as w:
             for note in notes:
                 event = self.app.mapper.to_domain_event(note)
@@ -165,11 +166,13 @@ class EmbeddedRunner:
                     tenant = effects[0].tenant if effects else "-"
                     bucket = self.params.size_bucket(event.member_count).value
                     triggers.extend(self.capacity.observe(event.at, tenant, bucket, event.fanout_entries, note.id))
-                    w.put_capacity(CapacityProjection.name, self.capacity.state())
+                    capacity_changed = True
                 w.track(DeliveryProjection.name, note.id)
                 count += 1
                 if w.mailbox_entries >= self.max_entries_per_commit:
                     break
+            if capacity_changed:  # once per unit of work, with its tracking position
+                w.put_capacity(CapacityProjection.name, self.capacity.state())
             entries = w.mailbox_entries
         self.processed += count
         self.entries_written += entries
