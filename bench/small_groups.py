@@ -1,0 +1,52 @@
+"""Many small groups: the command side (sends accepted per second, one writer) and
+the projection (messages projected per second) of the embedded runtime.
+
+    .venv/bin/python bench/small_groups.py [--groups 50] [--members 20] [--messages 3000]
+
+The gates are opened wide and a fake clock is used: this measures the machinery, not
+the limits. Prints numbers; asserts nothing."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from domain.params import Parameters, Rate
+from fanout.runtime import EmbeddedRuntime
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--groups", type=int, default=50)
+    ap.add_argument("--members", type=int, default=20)
+    ap.add_argument("--messages", type=int, default=3000)
+    args = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="fanout-small-bench-"))
+    clock = [1_800_000_000.0]
+    params = dataclasses.replace(Parameters(), rate_small=1e6, per_sender_in_conversation_rate=Rate(1e6, 1.0))
+    try:
+        with EmbeddedRuntime(root, params, clock=lambda: clock[0]) as rt:
+            for g in range(args.groups):
+                rt.app.create_conversation("bench", f"g{g}", "", [f"u{i}" for i in range(args.members)])
+            rt.runner.catch_up()
+            t0 = time.perf_counter()
+            for i in range(args.messages):
+                clock[0] += 0.001
+                rt.app.send_message("bench", f"g{i % args.groups}", sender=f"u{i % args.members}", text="hi")
+            t1 = time.perf_counter()
+            rt.runner.catch_up()
+            t2 = time.perf_counter()
+            n = args.messages
+            print(f"{args.groups} groups of {args.members}: {n} sends")
+            print(f"  command side  {n / (t1 - t0):,.0f} sends accepted/s (event store commit per send)")
+            print(f"  projection    {n / (t2 - t1):,.0f} messages/s = {n * args.members / (t2 - t1):,.0f} entries/s")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
