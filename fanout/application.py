@@ -335,8 +335,8 @@ class FanoutApplication(Application[UUID]):
             for cid in cids:
                 conv = self._conversation(tenant, cid)
                 if conv.evaluate_write_policy(DISABLED, now, self.params) is not None:
-                    tier.conversation_exited(conversation_id=cid)
                     touched.append(conv)
+                tier.conversation_exited(conversation_id=cid)  # the roster empties either way
             return {**tier_dict(tenant, size_bucket, tier), "returned_to_always": cids}
 
     def tiers(self, tenant: str) -> list[dict[str, Any]]:
