@@ -1,0 +1,170 @@
+"""One contract for the view store (the read side a projection writes through and
+the API reads from), written once and subclassed per backend: SQLite views with the
+RocksDB mailbox today; the Cassandra/Scylla backend of the distributed runtime must
+pass the same suite. Real files, no mocks."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from projections.ports import MessageRefs
+from projections.sharding import shard_of
+from projections.sqlite import SqliteViews
+from projections.state import MemberState, session_item
+
+T = "acme"
+
+
+def head(cid: str, latest: int = 0, at: float = 1.0, policy: str = "always", tenant: str = T) -> dict[str, Any]:
+    return {
+        "conversation_id": cid,
+        "aggregate_id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{tenant}/{cid}")),
+        "title": cid,
+        "latest_conversation_seq": latest,
+        "last_activity_id": f"m{latest}" if latest else None,
+        "last_activity_at": at,
+        "preview": f"p{latest}" if latest else None,
+        "member_count": 2,
+        "size_bucket": "small",
+        "write_policy": policy,
+        "broadcasts": 0,
+        "created_at": 0.0,
+    }
+
+
+def message(cid: str, seq: int, pos: int) -> dict[str, Any]:
+    return {
+        "conversation_id": cid,
+        "conversation_seq": seq,
+        "message_id": f"m{seq}",
+        "sender": "a",
+        "text": f"text {seq}",
+        "mentions": ["b"],
+        "mention_all": False,
+        "reply_to_seq": None,
+        "announcement": False,
+        "sent_at": float(seq),
+        "pos": pos,
+    }
+
+
+def refs(cid: str, pos: int, seq: int, users: list[str]) -> MessageRefs:
+    by: dict[int, list[str]] = {}
+    for u in sorted(users):
+        by.setdefault(shard_of(u, 16), []).append(u)
+    return MessageRefs(cid, pos, seq, 0, {}, by)
+
+
+class ViewStoreContract:
+    def make(self, path: Path) -> Any:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def views(self, tmp_path: Path) -> Iterator[Any]:
+        v = self.make(tmp_path)
+        yield v
+        v.close()
+
+    def test_a_unit_of_work_commits_its_writes_with_the_tracking_position(self, views: Any) -> None:
+        with views.unit_of_work() as w:
+            w.put_head(T, "c", head("c"))
+            w.track("delivery", 7)
+        assert views.position("delivery") == 7
+        assert views.head(T, "c")["latest_conversation_seq"] == 0
+        assert views.conversation_key(uuid.uuid5(uuid.NAMESPACE_URL, f"{T}/c")) == (T, "c")
+
+    def test_a_failed_unit_of_work_writes_nothing_and_keeps_the_position(self, views: Any) -> None:
+        with views.unit_of_work() as w:
+            w.track("delivery", 1)
+        with pytest.raises(RuntimeError), views.unit_of_work() as w:
+            w.put_head(T, "c", head("c"))
+            w.put_mailbox(T, refs("c", 2, 1, ["a", "b"]))
+            w.track("delivery", 2)
+            raise RuntimeError("crash in the middle")
+        assert views.position("delivery") == 1
+        assert views.head(T, "c") is None
+        assert views.mailbox_page(T, "a", 0, 10) == []
+
+    def test_member_states_round_trip_and_gap_updates_touch_only_the_gap(self, views: Any) -> None:
+        a = MemberState(read_seq=3, joined_seq=1, last_active=9.5, mention_seqs=[4, 6], broadcast_base=1)
+        with views.unit_of_work() as w:
+            w.put_head(T, "c", head("c", 6))
+            w.put_states(T, "c", [("a", a), ("b", MemberState(read_seq=0, joined_seq=0))])
+        gap = MemberState(read_seq=99, joined_seq=99, delivered_seq=4, skipping=True, gap_end=None)
+        with views.unit_of_work() as w:
+            w.put_gaps(T, "c", [("a", gap)])
+        _, states, _ = views.load_conversation(T, "c")
+        assert states["a"] == MemberState(
+            read_seq=3,
+            joined_seq=1,
+            last_active=9.5,
+            delivered_seq=4,
+            skipping=True,
+            mention_seqs=[4, 6],
+            broadcast_base=1,
+        )
+        with views.unit_of_work() as w:
+            w.delete_state(T, "c", "b")
+        assert set(views.load_conversation(T, "c")[1]) == {"a"}
+
+    def test_the_delivery_record_is_materialized_at_commit_and_counts_pushes(self, views: Any) -> None:
+        record = {
+            "message_id": "m1",
+            "write_policy": "always",
+            "member_count": 2,
+            "mailbox_entries": 2,
+            "shards": 2,
+            "body_bytes": 6,
+            "pos": 5,
+        }
+        with views.unit_of_work(now=123.0) as w:
+            w.put_head(T, "c", head("c", 1))
+            w.put_message(T, "c", message("c", 1, 5))
+            w.put_delivery(T, "c", 1, record)
+            w.put_mailbox(T, refs("c", 5, 1, ["a", "b"]))
+            w.track("delivery", 5)
+        views.record_pushes(T, "c", 1, 3)
+        got = views.delivery(T, "c", 1)
+        assert got["materialized_at"] == 123.0 and got["online_pushes"] == 3 and got["mailbox_entries"] == 2
+        assert views.message(T, "c", 1)["mentions"] == ["b"]
+
+    def test_mailbox_entries_are_visible_only_up_to_the_committed_position(self, views: Any) -> None:
+        with views.unit_of_work() as w:
+            w.put_mailbox(T, refs("c", 5, 1, ["a"]))
+            w.track("delivery", 5)
+        views.mailbox.write(T, refs("c", 9, 2, ["a"]))  # written, its views not yet committed
+        assert [e[1] for e in views.mailbox_page(T, "a", 0, 10)] == [5]
+        with views.unit_of_work() as w:
+            w.track("delivery", 9)
+        assert [e[1] for e in views.mailbox_page(T, "a", 0, 10)] == [5, 9]
+
+    def test_the_login_read_is_one_join_in_activity_order_in_batches(self, views: Any) -> None:
+        with views.unit_of_work() as w:
+            for i, at in enumerate([5.0, 9.0, 1.0]):
+                cid = f"c{i}"
+                w.put_head(T, cid, head(cid, latest=i + 1, at=at))
+                w.put_states(T, cid, [("u", MemberState(read_seq=0, joined_seq=0))])
+            w.put_head("other", "c0", head("c0", latest=7, at=99.0, tenant="other"))
+            w.put_states("other", "c0", [("u", MemberState(read_seq=0, joined_seq=0))])
+        batches = list(views.session_rows(T, "u", 2))
+        assert [len(b) for b in batches] == [2, 1]
+        items = [session_item(r) for b in batches for r in b]
+        assert [s["conversation_id"] for s in items] == ["c1", "c0", "c2"]
+        assert [s["unread_count"] for s in items] == [2, 1, 3]
+
+    def test_history_pages_in_seq_order(self, views: Any) -> None:
+        with views.unit_of_work() as w:
+            for seq in range(1, 6):
+                w.put_message(T, "c", message("c", seq, seq))
+        assert [m["conversation_seq"] for m in views.messages(T, "c", 2, 2)] == [3, 4]
+        assert views.messages("other", "c", 0, 10) == []
+
+
+class TestSqliteViews(ViewStoreContract):
+    def make(self, path: Path) -> Any:
+        return SqliteViews(path)
