@@ -31,7 +31,9 @@ class TokenBucket:
         if cost > self.capacity:
             return math.inf
         missing = cost - self.available(now)
-        if missing <= 1e-9:
+        # `now - updated_at` carries about one ulp of `now` of float error: forgive what
+        # a few ulps of refill amount to, so trying again at now + wait succeeds.
+        if missing <= 1e-9 + self.refill_per_sec * 4 * math.ulp(now):
             return 0.0
         return missing / self.refill_per_sec
 
