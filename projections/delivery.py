@@ -3,8 +3,9 @@ UserMailboxEntry per MailboxShard, UserConversationState and the per-message
 delivery record. Written once, hosted by the embedded runner (and later Faust).
 
 It keeps each conversation's members in memory (loaded from the view store on
-first use), so the fan-out of one message is one pass over a dict and one batched
-write per shard; the only O(N) write is the mailbox reference."""
+first use), grouped per MailboxShard and sorted in mailbox key order, so the fan-out
+of one message in `always` needs no per-member work here: the member lists go to the
+mailbox store as they are, and the only O(N) write is the mailbox reference."""
 
 from __future__ import annotations
 
@@ -100,9 +101,6 @@ class Delivered:
     members: Callable[[str], bool]
 
 
-Effect = Delivered
-
-
 class DeliveryProjection:
     name = "delivery"
     topics = (
@@ -141,11 +139,11 @@ class DeliveryProjection:
 
     # -- dispatch ------------------------------------------------------------
 
-    def process(self, event: Any, position: int, w: ViewWriter) -> list[Effect]:
+    def process(self, event: Any, position: int, w: ViewWriter) -> list[Delivered]:
         return self._process(event, position, w) or []
 
     @singledispatchmethod
-    def _process(self, event: Any, position: int, w: ViewWriter) -> list[Effect] | None:
+    def _process(self, event: Any, position: int, w: ViewWriter) -> list[Delivered] | None:
         return None
 
     @_process.register
@@ -200,7 +198,7 @@ class DeliveryProjection:
         self._put_head(m, w)
 
     @_process.register
-    def _sent(self, e: Conversation.MessageSent, position: int, w: ViewWriter) -> list[Effect]:
+    def _sent(self, e: Conversation.MessageSent, position: int, w: ViewWriter) -> list[Delivered]:
         m = self._conv(e)
         tenant, cid, seq = m.tenant, m.conversation_id, e.seq
         broadcast = e.mention_all or e.announcement
