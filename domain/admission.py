@@ -20,6 +20,16 @@ class TokenBucket:
     def full(cls, capacity: float, refill_per_sec: float, now: float) -> TokenBucket:
         return cls(capacity, refill_per_sec, capacity, now)
 
+    @classmethod
+    def resume(cls, state: list[float] | None, capacity: float, refill_per_sec: float, now: float) -> TokenBucket:
+        """The bucket as stored (full if never used), under the capacity and refill in
+        force now: a size class or a setting may have changed since it was saved."""
+        if state is None:
+            return cls.full(capacity, refill_per_sec, now)
+        b = cls.from_state(state)
+        b.capacity, b.refill_per_sec = capacity, refill_per_sec
+        return b
+
     def available(self, now: float) -> float:
         elapsed = max(0.0, now - self.updated_at)
         return min(self.capacity, self.tokens + elapsed * self.refill_per_sec)

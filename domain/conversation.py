@@ -265,21 +265,12 @@ class Conversation(Aggregate):
         return sum(1 for _ in materialized_members(self.policy, members, targets, now, params.activity_window))
 
     def _rate_bucket(self, rate: float, now: float) -> TokenBucket:
-        if self.rate_bucket is None:
-            return TokenBucket.full(max(rate, 1.0), rate, now)
-        b = TokenBucket.from_state(self.rate_bucket)
-        # the bucket's size class may have changed; a burst of at least one message, so a
-        # rate below 1 msg/s admits one message every 1/rate s instead of none ever
-        b.capacity, b.refill_per_sec = max(rate, 1.0), rate
-        return b
+        # A burst of at least one message, so a rate below 1 msg/s admits one message
+        # every 1/rate s instead of none ever.
+        return TokenBucket.resume(self.rate_bucket, max(rate, 1.0), rate, now)
 
     def _sender_bucket(self, sender: str, capacity: float, refill: float, now: float) -> TokenBucket:
-        state = self.sender_buckets.get(sender)
-        if state is None:
-            return TokenBucket.full(capacity, refill, now)
-        b = TokenBucket.from_state(state)
-        b.capacity, b.refill_per_sec = capacity, refill
-        return b
+        return TokenBucket.resume(self.sender_buckets.get(sender), capacity, refill, now)
 
     @event(MessageSent)
     def _message_sent(

@@ -35,12 +35,9 @@ class TenantQuota(Aggregate):
         self.charged_total = 0
 
     def _bucket(self, params: Parameters, now: float) -> TokenBucket:
-        cap, refill = params.tenant_fanout_quota_capacity, params.tenant_fanout_quota_refill_per_sec
-        if self.bucket is None:
-            return TokenBucket.full(cap, refill, now)
-        b = TokenBucket.from_state(self.bucket)
-        b.capacity, b.refill_per_sec = cap, refill
-        return b
+        return TokenBucket.resume(
+            self.bucket, params.tenant_fanout_quota_capacity, params.tenant_fanout_quota_refill_per_sec, now
+        )
 
     def retry_after(self, entries: int, now: float, params: Parameters) -> float:
         return self._bucket(params, now).retry_after(entries, now)
@@ -56,11 +53,7 @@ class TenantQuota(Aggregate):
 
     @event(Charged)
     def _charged(self, entries: int, conversation_id: str, capacity: float, refill_per_sec: float, at: float) -> None:
-        if self.bucket is None:
-            b = TokenBucket.full(capacity, refill_per_sec, at)
-        else:
-            b = TokenBucket.from_state(self.bucket)
-            b.capacity, b.refill_per_sec = capacity, refill_per_sec
+        b = TokenBucket.resume(self.bucket, capacity, refill_per_sec, at)
         b.take(entries, at)
         self.bucket = b.to_state()
         self.charged_total += entries
