@@ -127,7 +127,7 @@ def build_aside(
     still keeps its whole in-memory model, so building from 0 needs nothing else."""
     _remove_aside(directory, prefix)
     aside = SqliteViews(directory, prefix=prefix, shards=rt.params.mailbox_shards)
-    runner = EmbeddedRunner(rt.app, aside, rt.params, parts=parts, clock=rt.clock)
+    runner = EmbeddedRunner(rt.app, aside, rt.params, parts=parts)
     top = runner.log_position()
     try:
         runner.catch_up((lambda _n: progress(runner.position(), top)) if progress else None)

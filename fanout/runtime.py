@@ -92,7 +92,6 @@ class EmbeddedRuntime:
                 self.params,
                 on_delivered=self._on_delivered,
                 on_trigger=self._on_trigger,
-                clock=clock,
             )
             self.app.saved_listeners.append(self.runner.wake)
         except BaseException:

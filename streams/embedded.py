@@ -36,7 +36,6 @@ class EmbeddedRunner:
         parts: frozenset[str] = ALL_PARTS,
         on_delivered: Callable[[Sequence[Delivered]], None] | None = None,
         on_trigger: Callable[[ReviewTrigger], None] | None = None,
-        clock: Callable[[], float] = time.time,
         batch: int = 500,
         max_entries_per_commit: int = 200_000,
     ) -> None:
@@ -48,7 +47,6 @@ class EmbeddedRunner:
         self.capacity = CapacityProjection(params, views.capacity_state(CapacityProjection.name))
         self.on_delivered = on_delivered
         self.on_trigger = on_trigger
-        self.clock = clock
         self.batch = batch
         self.max_entries_per_commit = max_entries_per_commit
         self.topics = [get_topic(cls) for cls in DeliveryProjection.topics]
@@ -139,25 +137,27 @@ class EmbeddedRunner:
         notes = self.app.recorder.select_notifications(
             start=start, limit=self.batch, stop=top, topics=self.topics, inclusive_of_start=False
         )
-        done = 0
-        while done < len(notes):
-            done += self._commit(notes[done:])
-        if len(notes) < self.batch and (not notes or notes[-1].id < top):
-            # Every notification up to `top` was read; the rest are not ours (e.g. quota charges).
+        # Fewer than a batch means every notification up to `top` was read: the ones not
+        # returned are not ours (e.g. quota charges), and the last commit may track `top`.
+        through = top if len(notes) < self.batch else None
+        if not notes:
             with self.views.unit_of_work(self.parts) as w:
                 w.track(DeliveryProjection.name, top)
-        if notes or top > start:
-            with self._progress:
-                self._progress.notify_all()
+        done = 0
+        while done < len(notes):
+            done += self._commit(notes[done:], through)
+        with self._progress:
+            self._progress.notify_all()
         return len(notes)
 
-    def _commit(self, notes: Sequence[Notification]) -> int:
-        """Apply notifications in one unit of work; returns how many were applied."""
+    def _commit(self, notes: Sequence[Notification], through: int | None = None) -> int:
+        """Apply notifications in one unit of work; returns how many were applied.
+        When all of them fit and `through` is given, the position recorded is `through`."""
         delivered: list[Delivered] = []
         triggers: list[ReviewTrigger] = []
         count = 0
         capacity_changed = False
-        with self.views.unit_of_work(self.parts, now=None) as w:
+        with self.views.unit_of_work(self.parts) as w:
             for note in notes:
                 event = self.app.mapper.to_domain_event(note)
                 effects = self.delivery.process(event, note.id, w)
@@ -171,6 +171,8 @@ class EmbeddedRunner:
                 count += 1
                 if w.mailbox_entries >= self.max_entries_per_commit:
                     break
+            if through is not None and count == len(notes):
+                w.track(DeliveryProjection.name, through)
             if capacity_changed:  # once per unit of work, with its tracking position
                 w.put_capacity(CapacityProjection.name, self.capacity.state())
             entries = w.mailbox_entries
