@@ -39,7 +39,6 @@ from typing import Any, TextIO
 from domain.params import Parameters
 from fanout.runtime import EmbeddedRuntime
 from projections.delivery import DeliveryProjection
-from projections.sharding import shard_of
 from projections.sqlite import ALL_PARTS, SqliteViews, connect
 from streams.embedded import EmbeddedRunner
 
@@ -307,7 +306,7 @@ def verify(
                 cols = [c for c in _columns(con, table) if c not in RUNTIME_COLUMNS.get(table, ())]
                 result.rows[table] = _count(con, table)
                 _diff(con, table, cols, limit, result)
-        _diff_mailbox(rt.views.mailbox, aside.mailbox, params.mailbox_shards, limit, result)
+        _diff_mailbox(rt.views.mailbox, aside.mailbox, limit, result)
     finally:
         if aside is not None:
             aside.close()
@@ -317,12 +316,11 @@ def verify(
     return result
 
 
-def _diff_mailbox(live: Any, rebuilt: Any, shards: int, limit: int, result: VerifyResult) -> None:
-    """Both stores iterate in key order (shard, tenant, user, pos): a streaming merge."""
+def _diff_mailbox(live: Any, rebuilt: Any, limit: int, result: VerifyResult) -> None:
+    """Both stores iterate in their key order: a streaming merge on the store's own key."""
 
-    def key(e: tuple[Any, ...]) -> tuple[Any, ...]:
-        tenant, user = e[0].encode(), e[1].encode()
-        return (shard_of(e[1], shards), len(tenant), tenant, user, e[2])
+    def key(e: tuple[Any, ...]) -> Any:
+        return live.sort_key(e[0], e[1], e[2])
 
     only_live: list[tuple[Any, ...]] = []
     only_new: list[tuple[Any, ...]] = []

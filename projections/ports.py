@@ -48,6 +48,9 @@ class MailboxStore(Protocol):
     def all_entries(self) -> Iterator[tuple[str, str, int, int, str, int]]:
         """(tenant, user_id, pos, conversation_seq, conversation_id, flags) in key order."""
 
+    def sort_key(self, tenant: str, user_id: str, pos: int) -> Any:
+        """The order all_entries() yields in, for merging two stores of one backend."""
+
     def flush(self) -> None:
         """Make every written entry durable."""
 

@@ -165,6 +165,9 @@ class RocksMailbox:
             it.next()
         del it
 
+    def sort_key(self, tenant: str, user_id: str, pos: int) -> bytes:
+        return self._prefix(tenant, user_id) + _POS.pack(pos)
+
     def count(self) -> int:
         return sum(1 for _ in self.all_entries())
 

@@ -142,6 +142,9 @@ class SqliteMailbox:
         ):
             yield tuple(r)
 
+    def sort_key(self, tenant: str, user_id: str, pos: int) -> tuple[str, str, int]:
+        return (tenant, user_id, pos)
+
     def count(self) -> int:
         return int(self._reader().execute("SELECT count(*) FROM mailbox").fetchone()[0])
 
