@@ -104,8 +104,7 @@ def rebuild(rt: EmbeddedRuntime, tenant: str, conversation_id: str, user_id: str
 
 
 def review(rt: EmbeddedRuntime, tenant: str, review_id: str) -> dict[str, Any]:
-    with rt.app.lock:  # the repository's cache is shared with the command threads
-        return review_dict(rt.app.review(tenant, review_id))
+    return review_dict(rt.app.review(tenant, review_id))  # app.review takes the command lock
 
 
 def review_list(rt: EmbeddedRuntime, tenant: str) -> list[dict[str, Any]]:

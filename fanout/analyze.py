@@ -222,8 +222,8 @@ def capacity_report(data_dir: Path, params: Parameters) -> dict[str, Any]:
         views.close()
     cap = CapacityProjection(params, state)
     rates = cap.rates()
-    t1_limit = params.t1_ratio * params.platform_fanout_budget
-    t2_limit = params.t2_ratio * params.mailbox_write_budget
+    limits = cap.limits()
+    t1_limit, t2_limit = limits["T1"], limits["T2"]
     last = cap.last_at
     return {
         "window_s": params.capacity_window,

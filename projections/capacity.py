@@ -103,12 +103,16 @@ class CapacityProjection:
         large = sum(n for k, n in per.items() if k.endswith("\x1f" + SizeBucket.LARGE.value))
         return {"fanout_entries_per_sec": total / w, "large_group_entries_per_sec": large / w}
 
-    def _checks(self) -> list[tuple[str, float, float, tuple[str, str]]]:
+    def limits(self) -> dict[str, float]:
+        """T1: 70% of the platform fan-out budget; T2: 50% of the mailbox write budget."""
         p = self.params
-        r = self.rates()
+        return {"T1": p.t1_ratio * p.platform_fanout_budget, "T2": p.t2_ratio * p.mailbox_write_budget}
+
+    def _checks(self) -> list[tuple[str, float, float, tuple[str, str]]]:
+        r, limit = self.rates(), self.limits()
         return [
-            ("T1", r["fanout_entries_per_sec"], p.t1_ratio * p.platform_fanout_budget, self._dominant(None)),
-            ("T2", r["large_group_entries_per_sec"], p.t2_ratio * p.mailbox_write_budget, self._dominant("large")),
+            ("T1", r["fanout_entries_per_sec"], limit["T1"], self._dominant(None)),
+            ("T2", r["large_group_entries_per_sec"], limit["T2"], self._dominant("large")),
         ]
 
     def _dominant(self, bucket: str | None) -> tuple[str, str]:
