@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from itertools import groupby
 from typing import Any
 
 from domain.delivery import MENTION_FLAGS
@@ -144,19 +145,19 @@ class Queries:
         """alpha (active members / members) per conversation, summarized per size bucket."""
         now = time.time() if now is None else now
         per: dict[str, list[tuple[str, str, int, float]]] = {b.value: [] for b in SizeBucket}
-        con = self.views.reader()
-        for head in self.views.all_heads():
-            if tenant is not None and head["tenant"] != tenant:
-                continue
-            actives = [
-                r[0]
-                for r in con.execute(
-                    "SELECT last_active FROM states INDEXED BY states_by_conversation WHERE tenant=? AND conversation_id=?",
-                    (head["tenant"], head["conversation_id"]),
-                )
-            ]
+        # One pass over heads joined to their members' states (not a query per
+        # conversation); the activity rule stays the domain's (alpha_of).
+        joined = self.views.reader().execute(
+            "SELECT h.tenant, h.conversation_id, h.size_bucket, s.last_active FROM heads h "
+            "LEFT JOIN states s ON s.tenant = h.tenant AND s.conversation_id = h.conversation_id "
+            + ("WHERE h.tenant = ? " if tenant is not None else "")
+            + "ORDER BY h.tenant, h.conversation_id",
+            (tenant,) if tenant is not None else (),
+        )
+        for (t, cid, bucket), group in groupby(joined, key=lambda r: (r[0], r[1], r[2])):
+            actives = [r[3] for r in group if r[3] is not None]
             n, alpha = alpha_of(actives, now, self.params.activity_window)
-            per[head["size_bucket"]].append((head["tenant"], head["conversation_id"], n, alpha))
+            per[bucket].append((t, cid, n, alpha))
         out = {}
         for bucket, rows in per.items():
             alphas = sorted(a for _, _, _, a in rows)
