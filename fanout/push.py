@@ -52,7 +52,7 @@ class PushHub:
             targets = [
                 (user, list(conns))
                 for (tenant, user), conns in self._online.items()
-                if tenant == d.tenant and d.members(user)
+                if tenant == d.tenant and d.was_member(user)
             ]
         pushes = 0
         for user, conns in targets:

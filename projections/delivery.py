@@ -10,8 +10,7 @@ mailbox store as they are, and the only O(N) write is the mailbox reference."""
 from __future__ import annotations
 
 import itertools
-from bisect import bisect_right
-from collections.abc import Callable
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from functools import singledispatchmethod
 from typing import Any
@@ -40,6 +39,9 @@ class ConversationModel:
     skipping: set[str] = field(default_factory=set)  # members with an open gap
     _by_shard: dict[int, list[str]] | None = None
     _unsorted: set[int] = field(default_factory=set)
+    # Shard lists handed to a queued mailbox write or a push record: a later join or leave
+    # in the same unit of work must copy them first, not change a message's recipients.
+    _handed: set[int] = field(default_factory=set)
     # A process-wide unique number per shard list state, so a cache keyed by it can never
     # confuse this list with another model's (e.g. after a reset reloads the members).
     shard_versions: dict[int, int] = field(default_factory=dict)
@@ -72,11 +74,26 @@ class ConversationModel:
         self._unsorted.clear()
         return self._by_shard
 
+    def members_at_send(self, n_shards: int) -> dict[int, list[str]]:
+        """The member lists as of now, frozen by copy-on-write: O(shards), not O(N).
+        The lists must not be mutated by the caller."""
+        lists = self.shard_lists(n_shards)
+        self._handed.update(lists)
+        return dict(lists)
+
+    def _writable(self, shard: int) -> list[str]:
+        assert self._by_shard is not None
+        lst = self._by_shard.setdefault(shard, [])
+        if shard in self._handed:
+            lst = self._by_shard[shard] = list(lst)
+            self._handed.discard(shard)
+        return lst
+
     def joined(self, users: list[str], n_shards: int) -> None:
         if self._by_shard is not None:
             for u in users:
                 shard = self.shard(u, n_shards)
-                self._by_shard.setdefault(shard, []).append(u)
+                self._writable(shard).append(u)
                 self._unsorted.add(shard)
                 self.shard_versions[shard] = next(_LIST_VERSIONS)
 
@@ -85,20 +102,30 @@ class ConversationModel:
             shard = self.shard(user_id, n_shards)
             lst = self._by_shard.get(shard)
             if lst is not None and user_id in lst:
-                lst.remove(user_id)
+                self._writable(shard).remove(user_id)
                 self.shard_versions[shard] = next(_LIST_VERSIONS)
 
 
 @dataclass(frozen=True)
 class Delivered:
-    """After commit: what the push hub may send (online push only after durability)."""
+    """After commit: what the push hub may send (online push only after durability).
+    Plain data: the members are those at send time, per MailboxShard, sorted."""
 
     tenant: str
     conversation_id: str
     seq: int
     message: dict[str, Any]
     materialized: frozenset[str] | None  # None: every member
-    members: Callable[[str], bool]
+    members_by_shard: dict[int, list[str]]
+    mailbox_shards: int
+
+    def was_member(self, user_id: str) -> bool:
+        """Whether the user was a member when the message was sent."""
+        lst = self.members_by_shard.get(shard_of(user_id, self.mailbox_shards))
+        if not lst:
+            return False
+        i = bisect_left(lst, user_id)
+        return i < len(lst) and lst[i] == user_id
 
 
 class DeliveryProjection:
@@ -239,7 +266,8 @@ class DeliveryProjection:
             materialized = frozenset(
                 materialized_members(policy, activity, targets, e.at, self.params.activity_window)
             )
-        shards = self._recipients_by_shard(m, materialized)
+        members = m.members_at_send(self.params.mailbox_shards)
+        shards = members if materialized is None else self._recipients_by_shard(m, materialized)
         base = (ANNOUNCEMENT if targets.announcement else 0) | (MENTION_ALL if targets.mention_all else 0)
         special = {
             u: targets.flags_for(u)
@@ -282,13 +310,11 @@ class DeliveryProjection:
                 "pos": position,
             },
         )
-        return [Delivered(tenant, cid, seq, message, materialized, m.members.__contains__)]
+        return [Delivered(tenant, cid, seq, message, materialized, members, self.params.mailbox_shards)]
 
-    def _recipients_by_shard(self, m: ConversationModel, materialized: frozenset[str] | None) -> dict[int, list[str]]:
-        """Recipients grouped per MailboxShard. In always (the hot path) the grouping
-        is kept up to date on join/leave, so a message costs no per-member work here."""
-        if materialized is None:
-            return m.shard_lists(self.params.mailbox_shards)
+    def _recipients_by_shard(self, m: ConversationModel, materialized: frozenset[str]) -> dict[int, list[str]]:
+        """The materialized recipients of a mention_only message, per MailboxShard. (In
+        always the standing member lists are the recipients: no per-member work.)"""
         n_shards = self.params.mailbox_shards
         out: dict[int, list[str]] = {}
         for u in sorted(materialized):

@@ -274,3 +274,35 @@ def test_leaving_and_rejoining_does_not_reset_the_per_sender_rate(h, clock):
     with pytest.raises(RateLimited) as info:
         h.app.send_message(T, "c", sender="a", text="two, at the same instant")
     assert info.value.details["gate"] == "per_sender_in_conversation_rate"
+
+
+def test_a_send_and_later_membership_changes_in_one_projection_batch_deliver_to_the_members_at_send(h, clock):
+    """D with a projector behind the log: the send, a join and a leave are applied in ONE
+    unit of work. The send's recipients are the members when it was sent (b, not x)."""
+    h.app.create_conversation(T, "c", "", ["a", "b"])
+    h.settle()
+    clock.advance(3.0)
+    sent = h.app.send_message(T, "c", sender="a", text="before the changes")
+    h.app.add_members(T, "c", ["x"])
+    h.app.remove_member(T, "c", "b")
+    h.settle()  # one batch: sent, joined, left
+    assert [e["conversation_seq"] for e in h.queries.mailbox(T, "b", 0, 10)["entries"]] == [sent["conversation_seq"]]
+    assert h.queries.mailbox(T, "x", 0, 10)["entries"] == []
+    assert mailbox_seqs(h, "a") == [sent["conversation_seq"]]
+    assert h.queries.delivery(T, "c", sent["conversation_seq"])["mailbox_entries"] == 2
+
+
+def test_verify_and_rebuild_agree_with_live_after_membership_changes_that_follow_a_send(h, clock):
+    from fanout.rebuild import verify
+
+    h.app.create_conversation(T, "c", "", ["a", "b"])
+    h.settle()
+    clock.advance(3.0)
+    h.app.send_message(T, "c", sender="a", text="hi")
+    h.settle()
+    h.app.add_members(T, "c", ["x"])
+    h.app.remove_member(T, "c", "b")
+    h.settle()
+    h.close()
+    report = verify(h.data_dir, h.params, progress=False)
+    assert report.equal, report.differences
