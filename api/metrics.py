@@ -21,6 +21,7 @@ ADMISSION_GATES = (
     ("RATE_LIMITED", "per_conversation_msg_rate"),
     ("RATE_LIMITED", "per_sender_in_conversation_rate"),
     ("FANOUT_QUOTA_EXCEEDED", "tenant_fanout_quota"),
+    ("RATE_LIMITED", "per_user_command_rate"),
 )
 
 

@@ -21,6 +21,10 @@ NAMESPACE = UUID("6f6d2b1e-5a0c-4f57-9d43-3b3f0c1f2a10")
 # Idempotency window of client_msg_id: the last this many messages per conversation.
 CLIENT_MSG_ID_WINDOW = 10_000
 MAX_ID_LENGTH = 128
+# A MARK_READ that moves no read seq is recorded again (as activity) once the last
+# recorded activity is older than this fraction of the activity window: 1% of 7 days is
+# ~1.7 h, the most by which such a member's activity can expire early (ADR-0009).
+READ_ACTIVITY_REFRESH = 0.01
 
 
 def check_id(value: Any, what: str) -> str:
@@ -314,6 +318,10 @@ class Conversation(Aggregate):
     # -- reading -------------------------------------------------------------
 
     def mark_read(self, user_id: str, read_seq: int, now: float) -> None:
+        self.check_read(user_id, read_seq)
+        self._read_marked(user_id=user_id, read_seq=read_seq, at=now)
+
+    def check_read(self, user_id: str, read_seq: int) -> None:
         if user_id not in self.members:
             raise NotAMember(f"{user_id} is not a member of {self.conversation_id}", user_id=user_id)
         if isinstance(read_seq, bool) or not isinstance(read_seq, int) or read_seq < 0:
@@ -324,7 +332,22 @@ class Conversation(Aggregate):
                 field="read_seq",
                 latest_conversation_seq=self.seq,
             )
-        self._read_marked(user_id=user_id, read_seq=read_seq, at=now)
+
+    def read_changes_nothing(
+        self, user_id: str, read_seq: int, known_read_seq: int | None, now: float, params: Parameters
+    ) -> bool:
+        """Whether a (valid) MARK_READ would change nothing, so it can be coalesced.
+
+        `known_read_seq` is the member's read seq as the views show it: a lower bound of
+        the true one (the views are a prefix of the log and read seqs only grow), so a
+        read_seq at or below it moves nothing. MARK_READ is also activity (alpha, who is
+        materialized in mention_only): it counts as "nothing" only while the last recorded
+        activity is younger than READ_ACTIVITY_REFRESH of the activity window (ADR-0009)."""
+        self.check_read(user_id, read_seq)
+        if known_read_seq is None or read_seq > known_read_seq:
+            return False
+        last_active = self.members[user_id]
+        return last_active > 0.0 and now - last_active < params.activity_window * READ_ACTIVITY_REFRESH
 
     @event(ReadMarked)
     def _read_marked(self, user_id: str, read_seq: int, at: float) -> None:

@@ -53,3 +53,13 @@ class ReviewRequired(FanoutError):
 
 class Conflict(FanoutError):
     code = "CONFLICT"
+
+
+class Unavailable(FanoutError):
+    """Not answerable now, try again: e.g. the views have not reached a read's
+    min_position in time (`details.position`, `retry_after_ms`); a write refused because
+    the read side is too far behind, the disk is full or a connection bound is reached
+    (`details.reason`: projection_lag, projector_failed, storage_full, storage_error,
+    too_many_connections; ADR-0010). HTTP 503 with Retry-After."""
+
+    code = "UNAVAILABLE"

@@ -58,6 +58,11 @@ class Parameters:
     mailbox_shards: int = 16
     max_text_length: int = 4_000
     max_bulk_members: int = 100_000
+    # user commands (MARK_READ, REBUILD) per (tenant, user): an in-process flood guard (ADR-0009)
+    per_user_command_rate: Rate = Rate(5, 1.0)
+    per_user_command_burst: float = 10.0
+    # how long a read with min_position waits for the projector before UNAVAILABLE
+    fresh_read_timeout: float = 5.0
 
     def size_bucket(self, member_count: int) -> SizeBucket:
         if member_count <= self.small_max_members:

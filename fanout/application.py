@@ -16,6 +16,7 @@ from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.domain import Aggregate
+from eventsourcing.utils import get_topic
 
 from domain.conversation import Conversation, check_id
 from domain.errors import AlreadyExists, InvalidArgument, NotFound
@@ -23,8 +24,19 @@ from domain.params import Parameters, SizeBucket, WritePolicy
 from domain.policy import DISABLED, TierTerms
 from domain.quota import TenantQuota
 from domain.tier import Review, Tier
+from fanout.gate import UserCommandGate
 
 A = TypeVar("A", bound=Aggregate)
+
+SENT_SCAN_PAGE = 50
+_MESSAGE_SENT_TOPIC = get_topic(Conversation.MessageSent)
+
+
+class Unit(list[Aggregate]):
+    """The aggregates one command saves atomically; after the save, `position` is the
+    notification id of the last event it recorded (None when it recorded nothing)."""
+
+    position: int | None = None
 
 
 class FanoutApplication(Application[UUID]):
@@ -46,12 +58,16 @@ class FanoutApplication(Application[UUID]):
         clock: Callable[[], float] = time.time,
         message_sender: Callable[[str, str, int], str | None] | None = None,
         conversations_in_scope: Callable[[str, str], list[str]] | None = None,
+        read_state: Callable[[str, str, str], tuple[int, int] | None] | None = None,
     ) -> None:
         super().__init__(env)
         self.params = params
         self.clock = clock
         self.message_sender = message_sender or (lambda tenant, cid, seq: None)
         self.conversations_in_scope = conversations_in_scope or (lambda tenant, bucket: [])
+        # (read_seq, views position) of a member as the views show it, for coalescing MARK_READ
+        self.read_state = read_state or (lambda tenant, cid, user: None)
+        self.user_gate = UserCommandGate(params)
         self.lock = threading.RLock()
         self.saved_listeners: list[Callable[[], None]] = []
         self._loaded: list[Aggregate] = []
@@ -74,16 +90,18 @@ class FanoutApplication(Application[UUID]):
         return conv
 
     @contextmanager
-    def _unit(self) -> Iterator[list[Aggregate]]:
+    def _unit(self) -> Iterator[Unit]:
         """Collect aggregates to save atomically. On failure, evict from the cache every
         aggregate the command mutated, so the next command reloads it from the store."""
-        touched: list[Aggregate] = []
+        touched = Unit()
         with self.lock:
             self._loaded = []
             try:
                 yield touched
                 if touched:
-                    self.save(*touched)
+                    recordings = self.save(*touched)
+                    if recordings:
+                        touched.position = max(r.notification.id for r in recordings)
             except BaseException:
                 for a in [*touched, *self._loaded]:
                     if a in touched or getattr(a, "_pending_events", None):
@@ -92,6 +110,16 @@ class FanoutApplication(Application[UUID]):
         if touched:
             for listener in self.saved_listeners:
                 listener()
+
+    def log_position(self) -> int:
+        """The notification id of the last event in the store (0 when empty)."""
+        return self.recorder.max_notification_id() or 0
+
+    def _positioned(self, result: dict[str, Any], unit: Unit) -> dict[str, Any]:
+        """A command's answer with its log position (read-your-writes): the last event it
+        recorded, or the current log position when it recorded nothing."""
+        result["position"] = unit.position if unit.position is not None else self.log_position()
+        return result
 
     def _evict(self, aggregate_id: UUID) -> None:
         cache = getattr(self.repository, "cache", None)
@@ -144,7 +172,8 @@ class FanoutApplication(Application[UUID]):
             if members:
                 self._check_bulk(members)
                 conv.join(members, now, self.params)
-            return {"conversation_id": cid, "title": title, "member_count": len(conv.members)}
+            result = {"conversation_id": cid, "title": title, "member_count": len(conv.members)}
+        return self._positioned(result, touched)
 
     def _check_bulk(self, user_ids: Sequence[str]) -> None:
         if not isinstance(user_ids, list | tuple) or len(user_ids) > self.params.max_bulk_members:
@@ -161,7 +190,8 @@ class FanoutApplication(Application[UUID]):
             if added:
                 touched.append(conv)
                 self._evaluate(conv, now, touched)
-            return {"added": len(added), "member_count": len(conv.members)}
+            result = {"added": len(added), "member_count": len(conv.members)}
+        return self._positioned(result, touched)
 
     def remove_member(self, tenant: str, conversation_id: str, user_id: str) -> dict[str, Any]:
         with self._unit() as touched:
@@ -170,7 +200,8 @@ class FanoutApplication(Application[UUID]):
             conv.leave(user_id, now)
             touched.append(conv)
             self._evaluate(conv, now, touched)
-            return {"member_count": len(conv.members)}
+            result = {"member_count": len(conv.members)}
+        return self._positioned(result, touched)
 
     def send_message(
         self,
@@ -194,7 +225,8 @@ class FanoutApplication(Application[UUID]):
             previous = conv.previous_send(client_msg_id)
             if previous is not None:
                 seq, message_id, policy = previous
-                return {"conversation_seq": seq, "message_id": message_id, "write_policy": policy, "duplicate": True}
+                result = {"conversation_seq": seq, "message_id": message_id, "write_policy": policy, "duplicate": True}
+                return self._positioned(result, touched)  # the current log position: it holds the original
             now = self.clock()
             self._evaluate(conv, now, touched)
             quota = self._quota(tenant)
@@ -214,32 +246,77 @@ class FanoutApplication(Application[UUID]):
                 client_msg_id=client_msg_id,
             )
             touched.extend([conv, quota])
-            return {"conversation_seq": seq, "message_id": message_id, "write_policy": conv.write_policy}
+            result = {"conversation_seq": seq, "message_id": message_id, "write_policy": conv.write_policy}
+        return self._positioned(result, touched)
+
+    # -- user commands (gated per user, ADR-0009) ------------------------------
 
     def mark_read(self, tenant: str, conversation_id: str, user_id: str, read_seq: int) -> dict[str, Any]:
+        """MARK_READ. One that changes nothing (read seq not ahead of the views' and
+        activity recorded recently) writes no event, is not charged to the user's gate,
+        and answers `coalesced: true` with the current read seq and the views' position."""
+        known = self.read_state(tenant, conversation_id, user_id)  # a view read, off the command lock
         with self._unit() as touched:
             conv = self._conversation(tenant, conversation_id)
             now = self.clock()
+            if known is not None and conv.read_changes_nothing(user_id, read_seq, known[0], now, self.params):
+                return {"conversation_id": conversation_id, "read_seq": known[0], "coalesced": True, "position": known[1]}
+            conv.check_read(user_id, read_seq)
+            # Gate before the event: a refused command must not leave a pending event behind
+            # (that would evict, then reload, a possibly 100k-member aggregate per refusal).
+            self.user_gate.admit(tenant, user_id, now)
             conv.mark_read(user_id, read_seq, now)
             touched.append(conv)
-            return {"conversation_id": conversation_id, "read_seq": read_seq}
+            result = {"conversation_id": conversation_id, "read_seq": read_seq, "coalesced": False}
+        return self._positioned(result, touched)
 
     def request_rebuild(self, tenant: str, conversation_id: str, user_id: str) -> dict[str, Any]:
         with self._unit() as touched:
             conv = self._conversation(tenant, conversation_id)
-            conv.request_rebuild(user_id, self.clock())
+            now = self.clock()
+            if user_id in conv.members:  # a non-member gets NOT_A_MEMBER below, uncharged
+                self.user_gate.admit(tenant, user_id, now)
+            conv.request_rebuild(user_id, now)
             touched.append(conv)
-            return {"conversation_id": conversation_id, "rebuilt_at_seq": conv.seq}
+            result = {"conversation_id": conversation_id, "rebuilt_at_seq": conv.seq}
+        return self._positioned(result, touched)
 
     def evaluate_conversation(self, tenant: str, conversation_id: str) -> str:
         """An alpha update: re-run the state machine with the current clock."""
+        return self._evaluate_conversation(tenant, conversation_id)[0]
+
+    def _evaluate_conversation(self, tenant: str, conversation_id: str) -> tuple[str, int | None]:
         with self._unit() as touched:
             conv = self._conversation(tenant, conversation_id)
             before = conv.version
             self._evaluate(conv, self.clock(), touched)
             if conv.version != before:
                 touched.append(conv)
-            return conv.write_policy
+            policy = conv.write_policy
+        return policy, touched.position
+
+    def sent_message(self, tenant: str, conversation_id: str, seq: int) -> Conversation.MessageSent | None:
+        """The MessageSent event of one conversation_seq, read from the event store newest
+        first. The aggregate keeps no message ids per seq (its snapshot stays small); this
+        serves the delivery record of a message the views have not applied yet, which is
+        a recent one, so the backward scan is short. No command lock: the store is read."""
+        aggregate_id = Conversation.create_id(tenant, conversation_id)
+        lte: int | None = None
+        while True:
+            page = self.recorder.select_events(aggregate_id, lte=lte, desc=True, limit=SENT_SCAN_PAGE)
+            for stored in page:
+                if stored.topic != _MESSAGE_SENT_TOPIC:
+                    continue
+                sent = self.mapper.to_domain_event(stored)
+                if not isinstance(sent, Conversation.MessageSent):
+                    continue
+                if sent.seq == seq:
+                    return sent
+                if sent.seq < seq:
+                    return None
+            if len(page) < SENT_SCAN_PAGE:
+                return None
+            lte = page[-1].originator_version - 1
 
     def conversation(self, tenant: str, conversation_id: str) -> Conversation:
         with self.lock:
@@ -261,7 +338,7 @@ class FanoutApplication(Application[UUID]):
             if review_key is not None:
                 existing = self._find(Review, Review.create_id(review_key=review_key))
                 if existing is not None:
-                    return review_dict(existing)
+                    return self._positioned(review_dict(existing), touched)
             review = Review(
                 tenant=tenant,
                 size_bucket=size_bucket,
@@ -272,7 +349,8 @@ class FanoutApplication(Application[UUID]):
                 review_key=review_key,
             )
             touched.append(review)
-            return review_dict(review)
+            result = review_dict(review)
+        return self._positioned(result, touched)
 
     def review(self, tenant: str, review_id: str) -> Review:
         with self.lock:
@@ -316,10 +394,14 @@ class FanoutApplication(Application[UUID]):
                 tier.enable(review, now)
                 touched.append(tier)
             result = review_dict(review)
+        position = touched.position
         if decision == "enable_mention_only":
             # A tier change is an evaluation point for the conversations of its scope.
             for cid in self.conversations_in_scope(tenant, review.size_bucket):
-                self.evaluate_conversation(tenant, cid)
+                switched_at = self._evaluate_conversation(tenant, cid)[1]
+                if switched_at is not None:
+                    position = switched_at
+        result["position"] = position if position is not None else self.log_position()
         return result
 
     def roll_back_tier(self, tenant: str, size_bucket: str, by: str, reason: str) -> dict[str, Any]:
@@ -337,7 +419,8 @@ class FanoutApplication(Application[UUID]):
                 if conv.evaluate_write_policy(DISABLED, now, self.params) is not None:
                     touched.append(conv)
                 tier.conversation_exited(conversation_id=cid)  # the roster empties either way
-            return {**tier_dict(tenant, size_bucket, tier), "returned_to_always": cids}
+            result = {**tier_dict(tenant, size_bucket, tier), "returned_to_always": cids}
+        return self._positioned(result, touched)
 
     def tiers(self, tenant: str) -> list[dict[str, Any]]:
         with self.lock:

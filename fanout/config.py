@@ -68,6 +68,13 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def _at_least_one(text: str) -> float:
+    v = float(str(text).replace("_", ""))
+    if v < 1:
+        raise ValueError("must be at least 1 (one command)")
+    return v
+
+
 def _ratio(text: str) -> float:
     v = float(text)
     if not 0 < v <= 1:
@@ -97,6 +104,9 @@ _PARAMS: dict[str, tuple[Callable[[str], Any], Callable[[Any], dict[str, Any]]]]
     "POLICY_SWITCH_MIN_INTERVAL": (parse_duration, lambda v: {"policy_switch_min_interval": v}),
     "MAILBOX_SHARDS": (_positive_int, lambda v: {"mailbox_shards": v}),
     "MAX_TEXT_LENGTH": (_positive_int, lambda v: {"max_text_length": v}),
+    "PER_USER_COMMAND_RATE": (parse_rate, lambda v: {"per_user_command_rate": v}),
+    "PER_USER_COMMAND_BURST": (_at_least_one, lambda v: {"per_user_command_burst": v}),
+    "FRESH_READ_TIMEOUT": (parse_duration, lambda v: {"fresh_read_timeout": v}),
 }
 
 

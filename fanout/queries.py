@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from itertools import groupby
 from typing import Any
 
+from domain.conversation import Conversation
 from domain.delivery import MENTION_FLAGS
 from domain.errors import InvalidArgument, NotAMember, NotFound
 from domain.params import Parameters, SizeBucket
@@ -137,6 +138,28 @@ class Queries:
             "mailbox_entries": rec["mailbox_entries"],
             "online_pushes": rec["online_pushes"] or 0,
             "materialized_at": rec["materialized_at"],
+            "state": "materialized" if rec["materialized_at"] is not None else "pending",
+        }
+
+    @staticmethod
+    def pending_delivery(conversation_id: str, sent: Conversation.MessageSent) -> dict[str, Any]:
+        """The record of an accepted message the views have not applied yet: what the
+        command side's MessageSent already says (mailbox_entries is the number the
+        tenant quota was charged, which the projection materializes), the rest null."""
+        return {
+            "conversation_id": conversation_id,
+            "conversation_seq": sent.seq,
+            "message_id": sent.message_id,
+            "write_policy": sent.write_policy,
+            "member_count": sent.member_count,
+            "body_writes": None,
+            "body_bytes": None,
+            "head_writes": None,
+            "shards": None,
+            "mailbox_entries": sent.fanout_entries,
+            "online_pushes": None,
+            "materialized_at": None,
+            "state": "pending",
         }
 
     # -- admin -------------------------------------------------------------------

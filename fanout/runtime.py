@@ -83,6 +83,7 @@ class EmbeddedRuntime:
                 clock=clock,
                 message_sender=self._message_sender,
                 conversations_in_scope=self._conversations_in_scope,
+                read_state=self._read_state,
             )
             self.queries = Queries(self.views, self.params)
             self.hub = PushHub(self.views)
@@ -114,6 +115,12 @@ class EmbeddedRuntime:
         if self.runner.running:
             self.runner.wait_until(self.runner.log_position(), timeout=30)
         return self.views.heads_by_scope(tenant, size_bucket)
+
+    def _read_state(self, tenant: str, conversation_id: str, user_id: str) -> tuple[int, int] | None:
+        """(read_seq, views position) of a member: the position is read after the state,
+        so the views at that position hold at least that read seq."""
+        state = self.views.state(tenant, user_id, conversation_id)
+        return None if state is None else (int(state["read_seq"]), self.runner.position())
 
     def _on_delivered(self, delivered: Sequence[Delivered]) -> None:
         for d in delivered:
