@@ -12,6 +12,9 @@ from eventsourcing.domain import Aggregate, event
 from domain.admission import TokenBucket, retry_after_ms
 from domain.delivery import Targets, materialized_members
 from domain.errors import FanoutQuotaExceeded, GroupFull, InvalidArgument, NotAMember, RateLimited
+from domain.identity import MAX_ID_LENGTH as MAX_ID_LENGTH
+from domain.identity import check_id as check_id
+from domain.identity import scoped_name
 from domain.params import Parameters, SizeBucket, WritePolicy
 from domain.policy import Switch, TierTerms, alpha_of, decide
 from domain.quota import TenantQuota
@@ -20,25 +23,10 @@ NAMESPACE = UUID("6f6d2b1e-5a0c-4f57-9d43-3b3f0c1f2a10")
 
 # Idempotency window of client_msg_id: the last this many messages per conversation.
 CLIENT_MSG_ID_WINDOW = 10_000
-MAX_ID_LENGTH = 128
 # A MARK_READ that moves no read seq is recorded again (as activity) once the last
 # recorded activity is older than this fraction of the activity window: 1% of 7 days is
 # ~1.7 h, the most by which such a member's activity can expire early (ADR-0009).
 READ_ACTIVITY_REFRESH = 0.01
-
-
-def check_id(value: Any, what: str) -> str:
-    """Ids are 1..128 characters without control characters (they end mailbox keys)."""
-    if (
-        not isinstance(value, str)
-        or not value
-        or len(value) > MAX_ID_LENGTH
-        or any(ord(c) < 32 or c == "\x7f" for c in value)
-    ):
-        raise InvalidArgument(
-            f"{what} must be a string of 1 to {MAX_ID_LENGTH} characters without control characters", field=what
-        )
-    return value
 
 
 class Conversation(Aggregate):
@@ -99,7 +87,8 @@ class Conversation(Aggregate):
 
     @staticmethod
     def create_id(tenant: str, conversation_id: str, *_: Any, **__: Any) -> UUID:
-        return uuid5(NAMESPACE, f"conversation/{tenant}/{conversation_id}")
+        # ADR-0008: the tenant has no '/', so this name is unambiguous (and unchanged for valid tenants).
+        return uuid5(NAMESPACE, scoped_name("conversation", tenant, check_id(conversation_id, "conversation_id")))
 
     @event(Created)
     def __init__(self, tenant: str, conversation_id: str, title: str, at: float) -> None:

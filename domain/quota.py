@@ -8,6 +8,7 @@ from uuid import UUID, uuid5
 from eventsourcing.domain import Aggregate, event
 
 from domain.admission import TokenBucket
+from domain.identity import scoped_name
 from domain.params import Parameters
 
 _NS = UUID("0b8c8a52-3f7e-4d6c-8e55-1f7d2a9c4b31")
@@ -26,7 +27,7 @@ class TenantQuota(Aggregate):
 
     @staticmethod
     def create_id(tenant: str, *_: Any, **__: Any) -> UUID:
-        return uuid5(_NS, f"tenant-quota/{tenant}")
+        return uuid5(_NS, scoped_name("tenant-quota", tenant))  # ADR-0008
 
     @event(Created)
     def __init__(self, tenant: str) -> None:

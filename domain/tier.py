@@ -10,6 +10,7 @@ from uuid import UUID, uuid4, uuid5
 from eventsourcing.domain import Aggregate, event
 
 from domain.errors import Conflict, InvalidArgument, ReviewRequired
+from domain.identity import check_tenant, scoped_name
 from domain.params import SizeBucket
 from domain.policy import TierTerms
 
@@ -37,9 +38,11 @@ class Review(Aggregate):
         at: float
 
     @staticmethod
-    def create_id(*_: Any, review_key: str | None = None, **__: Any) -> UUID:
+    def create_id(*_: Any, tenant: str | None = None, review_key: str | None = None, **__: Any) -> UUID:
         """Metric-opened reviews have a deterministic key, so a replayed trigger
-        cannot open the same review twice."""
+        cannot open the same review twice. A new review's tenant must be valid (ADR-0008)."""
+        if tenant is not None:
+            check_tenant(tenant)
         return uuid5(_NS, f"review/{review_key}") if review_key else uuid4()
 
     @event(Opened)
@@ -133,7 +136,7 @@ class Tier(Aggregate):
 
     @staticmethod
     def create_id(tenant: str, size_bucket: str, *_: Any, **__: Any) -> UUID:
-        return uuid5(_NS, f"tier/{tenant}/{size_bucket}")
+        return uuid5(_NS, scoped_name("tier", tenant, size_bucket))  # ADR-0008
 
     @event(Created)
     def __init__(self, tenant: str, size_bucket: str) -> None:

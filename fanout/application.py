@@ -20,6 +20,7 @@ from eventsourcing.utils import get_topic
 
 from domain.conversation import Conversation, check_id
 from domain.errors import AlreadyExists, InvalidArgument, NotFound
+from domain.identity import check_tenant
 from domain.params import Parameters, SizeBucket, WritePolicy
 from domain.policy import DISABLED, TierTerms
 from domain.quota import TenantQuota
@@ -75,18 +76,27 @@ class FanoutApplication(Application[UUID]):
 
     # -- plumbing ------------------------------------------------------------
 
-    def _find(self, cls: type[A], aggregate_id: UUID) -> A | None:
+    def _find(self, cls: type[A], aggregate_id: UUID, tenant: str, what: str, **details: Any) -> A | None:
+        """The caller's aggregate of this id, or None when there is none. An aggregate of
+        another kind or of another tenant under this id is NotFound: never acted on
+        (ADR-0008; the derivation makes this unreachable, the check makes it certain)."""
+        check_tenant(tenant)
         try:
-            found: A = self.repository.get(aggregate_id)
+            found: Aggregate = self.repository.get(aggregate_id)
         except AggregateNotFoundError:
             return None
+        if not isinstance(found, cls) or getattr(found, "tenant", None) != tenant:
+            raise NotFound(f"{what} not found", **details)
         self._loaded.append(found)
         return found
 
     def _conversation(self, tenant: str, conversation_id: str) -> Conversation:
-        conv = self._find(Conversation, Conversation.create_id(tenant, conversation_id))
-        if conv is None:
-            raise NotFound(f"conversation {conversation_id} not found", conversation_id=conversation_id)
+        what = f"conversation {conversation_id}"
+        conv = self._find(
+            Conversation, Conversation.create_id(tenant, conversation_id), tenant, what, conversation_id=conversation_id
+        )
+        if conv is None or conv.conversation_id != conversation_id:
+            raise NotFound(f"{what} not found", conversation_id=conversation_id)
         return conv
 
     @contextmanager
@@ -131,13 +141,17 @@ class FanoutApplication(Application[UUID]):
         # Most scopes never get a tier: remember that, instead of a store query per send.
         if (tenant, size_bucket) in self._no_tier:
             return None
-        tier = self._find(Tier, Tier.create_id(tenant, size_bucket))
+        tier = self._find(
+            Tier, Tier.create_id(tenant, size_bucket), tenant, f"tier {size_bucket}", size_bucket=size_bucket
+        )
+        if tier is not None and tier.size_bucket != size_bucket:
+            raise NotFound(f"tier {size_bucket} not found", size_bucket=size_bucket)
         if tier is None:
             self._no_tier.add((tenant, size_bucket))
         return tier
 
     def _quota(self, tenant: str) -> TenantQuota:
-        q = self._find(TenantQuota, TenantQuota.create_id(tenant))
+        q = self._find(TenantQuota, TenantQuota.create_id(tenant), tenant, "tenant quota")
         return q if q is not None else TenantQuota(tenant=tenant)
 
     def _evaluate(self, conv: Conversation, now: float, touched: list[Aggregate]) -> None:
@@ -164,7 +178,7 @@ class FanoutApplication(Application[UUID]):
         if not isinstance(title, str) or len(title) > 256:
             raise InvalidArgument("title must be a string of at most 256 characters", field="title")
         with self._unit() as touched:
-            if self._find(Conversation, Conversation.create_id(tenant, cid)) is not None:
+            if self._find(Conversation, Conversation.create_id(tenant, cid), tenant, f"conversation {cid}") is not None:
                 raise AlreadyExists(f"conversation {cid} already exists", conversation_id=cid)
             now = self.clock()
             conv = Conversation(tenant=tenant, conversation_id=cid, title=title, at=now)
@@ -336,7 +350,7 @@ class FanoutApplication(Application[UUID]):
         _bucket(size_bucket)
         with self._unit() as touched:
             if review_key is not None:
-                existing = self._find(Review, Review.create_id(review_key=review_key))
+                existing = self._find(Review, Review.create_id(review_key=review_key), tenant, "review")
                 if existing is not None:
                     return self._positioned(review_dict(existing), touched)
             review = Review(
@@ -361,7 +375,7 @@ class FanoutApplication(Application[UUID]):
             rid = UUID(review_id)
         except (ValueError, TypeError, AttributeError):
             raise NotFound(f"review {review_id} not found", review_id=review_id) from None
-        review = self._find(Review, rid)
+        review = self._find(Review, rid, tenant, f"review {review_id}", review_id=review_id)
         if review is None or review.tenant != tenant:
             raise NotFound(f"review {review_id} not found", review_id=review_id)
         return review
