@@ -1,9 +1,13 @@
 """Bearer tokens (SPEC section 6): HS256 JWTs with claims tenant, sub, role, exp.
 
-The tenant of every request comes from its token and nowhere else (invariant I)."""
+The tenant of every request comes from its token and nowhere else (invariant I). A token
+is valid only when its claims are: the tenant in the tenant alphabet, the sub a valid id
+(ADR-0008), the role known, and exp (iat, nbf when present) an integer time. A validly
+signed token with anything else is UNAUTHENTICATED, never acted on, never a 500."""
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import time
@@ -13,13 +17,16 @@ from typing import Any
 
 import jwt
 
-from domain.errors import FanoutError
+from domain.errors import FanoutError, InvalidArgument
+from domain.identity import check_id, check_tenant
 from fanout.config import ConfigError
 
 ROLES = ("user", "service", "admin")
 ALGORITHM = "HS256"
 SECRET_FILE = "secret"
-MAX_CLAIM_LENGTH = 128
+MAX_TOKEN_LENGTH = 8192  # our tokens are a few hundred characters
+MAX_TIME = 253_402_300_799  # 9999-12-31T23:59:59Z: the largest exp / iat / nbf a token may carry
+TIME_CLAIMS = ("exp", "iat", "nbf")
 
 
 class Unauthenticated(FanoutError):
@@ -28,6 +35,10 @@ class Unauthenticated(FanoutError):
 
 class Forbidden(FanoutError):
     code = "FORBIDDEN"
+
+
+class InvalidClaim(InvalidArgument, ValueError):
+    """`mint_token` refuses a claim (a ValueError too, for callers that expect one)."""
 
 
 class SecretMissing(ConfigError):
@@ -76,42 +87,69 @@ def _read_secret(path: Path) -> str:
 
 
 def mint_token(
-    secret: str, tenant: str, role: str, sub: str, ttl_seconds: int = 86_400, now: float | None = None
+    secret: str, tenant: str, role: str, sub: str, ttl_seconds: float = 86_400, now: float | None = None
 ) -> str:
-    _check_claims(tenant, sub, role)
+    """A signed token; InvalidClaim for a tenant, sub, role or ttl that no server would accept."""
+    try:
+        _check_claims(tenant, sub, role)
+    except InvalidArgument as exc:
+        raise InvalidClaim(exc.message, **exc.details) from None
+    if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int | float) or not math.isfinite(ttl_seconds):
+        raise InvalidClaim("ttl must be a finite number of seconds", field="ttl")
     issued = int(time.time() if now is None else now)
-    claims = {"tenant": tenant, "sub": sub, "role": role, "iat": issued, "exp": issued + int(ttl_seconds)}
+    exp = issued + int(ttl_seconds)
+    if not 0 <= issued <= exp <= MAX_TIME:
+        raise InvalidClaim("the token would expire before it is issued or after the year 9999", field="ttl")
+    claims = {"tenant": tenant, "sub": sub, "role": role, "iat": issued, "exp": exp}
     return jwt.encode(claims, secret, algorithm=ALGORITHM)
 
 
-def verify_token(secret: str, token: str) -> Claims:
-    """The claims of a valid token; Unauthenticated for an expired, forged or malformed one."""
+def verify_token(secret: str, token: str, now: float | None = None) -> Claims:
+    """The claims of a valid token; Unauthenticated for an expired, forged or malformed one.
+    Messages never repeat what the token holds."""
     if not isinstance(token, str) or not token:
         raise Unauthenticated("a bearer token is required")
+    if not token.isascii() or len(token) > MAX_TOKEN_LENGTH:
+        raise Unauthenticated(f"the token is not valid: it must be at most {MAX_TOKEN_LENGTH} ASCII characters")
     try:
+        # Times are checked below, strictly: PyJWT would take "123", 1e300 or true for exp.
         claims: dict[str, Any] = jwt.decode(
             token,
             secret,
             algorithms=[ALGORITHM],
-            options={"require": ["exp", "tenant", "sub", "role"]},
+            options={
+                "require": ["exp", "tenant", "sub", "role"],
+                "verify_exp": False,
+                "verify_iat": False,
+                "verify_nbf": False,
+            },
         )
-    except jwt.ExpiredSignatureError:
-        raise Unauthenticated("the token has expired") from None
     except jwt.InvalidSignatureError:
         raise Unauthenticated("the token's signature is not valid") from None
     except jwt.InvalidTokenError as exc:
         raise Unauthenticated(f"the token is not valid: {exc}") from None
+    except (ValueError, TypeError, OverflowError, RecursionError):
+        raise Unauthenticated("the token is not valid: it cannot be decoded") from None
+    for name in TIME_CLAIMS:
+        value = claims.get(name)
+        if name in claims and (type(value) is not int or not 0 <= value <= MAX_TIME):
+            raise Unauthenticated(f"the token is not valid: {name} must be an integer time (seconds since the epoch)")
+    current = time.time() if now is None else now
+    if claims["exp"] <= current:
+        raise Unauthenticated("the token has expired")
+    if claims.get("nbf", 0) > current or claims.get("iat", 0) > current:
+        raise Unauthenticated("the token is not valid yet")
     tenant, sub, role = claims["tenant"], claims["sub"], claims["role"]
     try:
         _check_claims(tenant, sub, role)
-    except ValueError as exc:
-        raise Unauthenticated(f"the token is not valid: {exc}") from None
-    return Claims(tenant=tenant, sub=sub, role=role, exp=int(claims["exp"]))
+    except InvalidArgument as exc:
+        raise Unauthenticated(f"the token is not valid: its {exc.message}") from None
+    return Claims(tenant=tenant, sub=sub, role=role, exp=claims["exp"])
 
 
 def _check_claims(tenant: Any, sub: Any, role: Any) -> None:
-    if role not in ROLES:
-        raise ValueError(f"role must be one of {', '.join(ROLES)}")
-    for name, value in (("tenant", tenant), ("sub", sub)):
-        if not isinstance(value, str) or not value or len(value) > MAX_CLAIM_LENGTH:
-            raise ValueError(f"{name} must be a non-empty string of at most {MAX_CLAIM_LENGTH} characters")
+    """InvalidArgument naming the first bad claim (never repeating its value)."""
+    if not isinstance(role, str) or role not in ROLES:
+        raise InvalidArgument(f"role must be one of {', '.join(ROLES)}", field="role")
+    check_tenant(tenant, "tenant")
+    check_id(sub, "sub")
