@@ -146,10 +146,14 @@ def cmd_analyze(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
     try:
         if args.what == "capacity":
             report = analyze.capacity_report(data_dir, settings.params)
+            if args.png:
+                analyze.plot_capacity(report, Path(args.png))  # draws, or refuses with exit 2
             if args.json:
                 print(json.dumps(report, indent=2))
             else:
                 analyze.print_capacity(report, sys.stdout)
+            if args.png:
+                print(f"plot written to {args.png}", file=sys.stderr)
             return 0
         at = None
         if args.at:
@@ -171,8 +175,12 @@ def cmd_analyze(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
     else:
         analyze.print_alpha(report, sys.stdout)
     if args.png:
-        analyze.plot_alpha(report, Path(args.png))
-        print(f"plot written to {args.png}", file=sys.stderr)
+        try:
+            plotted = analyze.plot_alpha(report, Path(args.png), settings.params)
+        except analyze.AnalyzeError as exc:
+            raise CliError(str(exc)) from None
+        example = " (with EXAMPLE thresholds: no review decided any, none given)" if plotted["example"] else ""
+        print(f"plot written to {args.png}{example}", file=sys.stderr)
     return 0
 
 
@@ -316,8 +324,13 @@ def build_parser() -> argparse.ArgumentParser:
         "alpha per size bucket, or capacity (T1/T2)",
         "alpha: per size bucket the conversations, members, alpha mean/p50/p90 and, under the given review "
         "parameters or each enabled tier's, how many conversations meet the enter criterion, their total saving "
-        "N x (1 - alpha) and N_eq at the bucket's mean alpha; --png plots alpha per conversation by bucket. "
-        "capacity: fanout entries/s, budget use and the T1/T2 state. Reads the views only; runs beside serve.",
+        "N x (1 - alpha) and N_eq at the bucket's mean alpha; --png plots each conversation as N against alpha "
+        "(log axes) with the two thresholds, the region meeting the enter criterion and the saving it brings "
+        "(thresholds: --min-saving/--max-active-ratio, else each tier's or latest review's, else the example "
+        "values 20000 and 0.05, marked as such). "
+        "capacity: fanout entries/s, budget use and the T1/T2 state; --png plots entries/s over the window "
+        "against the T1/T2 limits (refused with exit 2 when nothing was sent). "
+        "Reads the views only; runs beside serve.",
         "fanout analyze alpha --tenant acme --min-saving 20000 --max-active-ratio 0.05 --png alpha.png",
     )
     p.add_argument("what", choices=["alpha", "capacity"], help="which analysis")
@@ -325,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-saving", type=float, metavar="X", help="alpha: read_diffusion_min_saving to evaluate")
     p.add_argument("--max-active-ratio", type=float, metavar="Y", help="alpha: read_diffusion_max_active_ratio")
     p.add_argument("--at", metavar="TIME", help="alpha: evaluate activity at TIME (default now)")
-    p.add_argument("--png", metavar="FILE", help="alpha: write a PNG plot")
+    p.add_argument("--png", metavar="FILE", help="write a PNG plot (alpha: N vs alpha; capacity: entries/s)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_analyze)
 
