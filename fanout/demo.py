@@ -40,6 +40,22 @@ FANOUT_FILES = ("events.sqlite", "views.sqlite", "mailbox.", "rebuild-")  # name
 
 COST_COLUMNS = ("seq", "kind", "policy", "mailbox_entries", "shards", "online_pushes", "body_bytes")
 COST_ROW = "  {:>4}  {:<12}  {:<12}  {:>15}  {:>6}  {:>13}  {:>10}"
+# One line under each table, saying what its columns are.
+COST_LEGEND = (
+    "  columns: seq = conversation_seq; kind = plain, @mention, reply, announcement or @all; policy = write policy it was sent in; "
+    "mailbox_entries = references written, O(N); shards = MailboxShards touched, O(S); "
+    "online_pushes = socket writes, O(O); body_bytes = the body, stored once, O(1)"
+)
+SESSION_LEGEND = (
+    "  columns: member = role in this story and user id; policy = write_policy; latest/read = latest and read "
+    "conversation_seq; unread = unread_count (latest - read); "
+    "exact = unread_exact; mentions = mention_count; delivered = delivered_conversation_seq (the mailbox holds "
+    "every message up to it; - = complete); big_head = listed in big_group_heads"
+)
+CHECK_LEGEND = (
+    "  columns: unread, mentions = what the session says; expected = recomputed from the message history "
+    "(messages after the read seq not sent by the member; those mentioning it); exact = unread_exact"
+)
 
 
 class DemoError(RuntimeError):
@@ -225,6 +241,7 @@ class _Story:
         self.o.table(
             ["member", "policy", "latest", "read", "unread", "exact", "mentions", "delivered", "big_head"], rows
         )
+        self.o.line(SESSION_LEGEND)
         return out
 
     def policy_changes(self, after: int) -> list[Any]:
@@ -272,6 +289,7 @@ class _Story:
         self.send(BIG, self.active[1], "thanks for the welcome", reply_to_seq=1)
         self.send(BIG, self.admin, "The office is closed on Friday", announcement=True)
         always_last = self.send(BIG, self.admin, "@all town hall in 10 minutes", mention_all=True)
+        o.line(COST_LEGEND)
         o.line(f"  rate gates honoured: {self.rejections} sends were rejected with RATE_LIMITED and retried "
                f"after the fake clock advanced by the retry hint")  # fmt: skip
 
@@ -332,6 +350,7 @@ class _Story:
             BIG, self.active[3], f"@{self.silent_mentioned} your badge is ready", mentions=[self.silent_mentioned]
         )
         mo_last = self.send(BIG, self.active[4], "lunch is on the 3rd floor")
+        o.line(COST_LEGEND)
         o.line(f"  {self.active_count} active members (+ sender, + mentioned); online pushes still reach all "
                f"{len(self.devices)} online devices")  # fmt: skip
 
@@ -363,6 +382,7 @@ class _Story:
         o.line(f"  tier {TENANT}/{self.bucket}: {rolled['state']}; returned to always: {rolled['returned_to_always']}")
         o.line(COST_ROW.format(*COST_COLUMNS))
         self.send(BIG, self.admin, "back to full delivery")
+        o.line(COST_LEGEND)
         after_rollback = self.show_sessions([("active", self.active[5]), ("silent", self.silent)])
         o.line("  existing mailboxes are neither backfilled nor deleted: the silent member's unread stays an estimate")
         self.summary["sessions_after_rollback"] = after_rollback
@@ -400,6 +420,7 @@ class _Story:
             [[k, c["unread_count"], c["expected_unread"], c["mention_count"], c["expected_mentions"], c["unread_exact"]]
              for k, c in checks.items()],
         )  # fmt: skip
+        o.line(CHECK_LEGEND)
         estimates = self._estimate_count(latest)
         o.line(f"  {estimates:,} other silent members keep unread_exact=false until their next MARK_READ or REBUILD")
         converged = all(
