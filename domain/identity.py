@@ -48,14 +48,6 @@ def check_id(value: Any, what: str) -> str:
     return value
 
 
-def is_id(value: Any) -> bool:
-    try:
-        check_id(value, "id")
-    except InvalidArgument:
-        return False
-    return True
-
-
 def scoped_name(kind: str, tenant: str, key: str | None = None) -> str:
     """`kind/tenant` or `kind/tenant/key`: the name an aggregate id is derived from.
 
