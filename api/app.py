@@ -3,21 +3,28 @@
 
 from __future__ import annotations
 
+import asyncio
+import errno
 import logging
 import weakref
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
+from api.endpoint import ADMIN, spec_of
 from api.errors import error_middleware
-from api.keys import EXECUTOR, MAX_BODY_BYTES, METRICS, RUNTIME, SECRET, SOCKETS
+from api.keys import EXECUTOR, MAX_BODY_BYTES, MAX_CONNECTIONS, METRICS, RUNTIME, SECRET, SOCKETS
 from api.metrics import Metrics
 from api.routes import setup_routes
 from api.ws import close_sockets
+from fanout.overload import Throttled, fd_soft_limit, raise_fd_limit
 from fanout.runtime import EmbeddedRuntime
 
 log = logging.getLogger("fanout.api")
+throttled = Throttled(log)
 
 # Commands are serialized by the application's lock anyway; the extra threads keep reads
 # and the REBUILD waits for projection from starving sends.
@@ -31,14 +38,70 @@ async def executor_ctx(app: web.Application) -> AsyncIterator[None]:
     app[EXECUTOR].shutdown(wait=True, cancel_futures=True)
 
 
+# Descriptors kept free of WebSockets: SQLite (3 per connection: pool, thread readers, writer,
+# event store), RocksDB files, HTTP requests. The socket bound is capped below the fd limit by this.
+FD_RESERVE = 256
+WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+@web.middleware
+async def backpressure_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse a write the read side must materialize while it cannot keep up (503
+    UNAVAILABLE, ADR-0010). Admin routes are exempt: enabling mention_only or rolling a
+    tier back is how an operator relieves the load. O(1): no query."""
+    if request.method in WRITES:
+        spec = spec_of(request.match_info.handler)
+        if spec is not None and spec.roles is not None and spec.roles != ADMIN:
+            request.app[RUNTIME].backpressure.check()
+    return await handler(request)
+
+
+def connection_bound(configured: int) -> int:
+    """FANOUT_MAX_CONNECTIONS, capped so a refused socket still gets its ERROR frame
+    instead of the process running out of descriptors."""
+    fit = max(1, fd_soft_limit() - FD_RESERVE)
+    if fit < configured:
+        log.warning(
+            "at most %d WebSockets (open-file limit %d), not FANOUT_MAX_CONNECTIONS=%d",
+            fit,
+            fd_soft_limit(),
+            configured,
+        )
+    return min(configured, fit)
+
+
+async def quiet_accept_errors(app: web.Application) -> None:
+    """on_startup: out of descriptors on accept() is one log line per interval, not a
+    traceback per attempt (asyncio retries the accept a second later by itself)."""
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, OSError) and exc.errno in OUT_OF_DESCRIPTORS:
+            throttled(
+                "accept", logging.ERROR, "cannot accept connections: %s (open-file limit %d)", exc, fd_soft_limit()
+            )
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+
+
 def create_app(runtime: EmbeddedRuntime, secret: str, *, metrics: Metrics | None = None) -> web.Application:
     """The API over a runtime. The caller owns the runtime: start it before serving,
     close it after the app's cleanup."""
-    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
+    app = web.Application(middlewares=[error_middleware, backpressure_middleware], client_max_size=MAX_BODY_BYTES)
     app[RUNTIME] = runtime
     app[SECRET] = secret
     app[METRICS] = metrics if metrics is not None else Metrics(runtime)
     app[SOCKETS] = weakref.WeakSet()
+    app[MAX_CONNECTIONS] = connection_bound(runtime.params.max_connections)
+    app.on_startup.append(quiet_accept_errors)
     app.cleanup_ctx.append(executor_ctx)
     app.on_shutdown.append(close_sockets)
     setup_routes(app)
@@ -50,6 +113,9 @@ def run(runtime: EmbeddedRuntime, secret: str, host: str = "127.0.0.1", port: in
     are not running; closing the runtime stays with the caller (`with EmbeddedRuntime(...)`)."""
     if not runtime.runner.running:
         runtime.start()
+    before, after = raise_fd_limit()
+    if after != before:
+        print(f"fanout: open-file limit raised from {before} to {after}", flush=True)
     web.run_app(
         create_app(runtime, secret),
         host=host,

@@ -11,7 +11,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from api.keys import MAX_BODY_BYTES, METRICS
-from domain.errors import FanoutError, FanoutQuotaExceeded, RateLimited
+from domain.errors import FanoutError, FanoutQuotaExceeded, RateLimited, Unavailable
+from fanout.overload import storage_unavailable
 
 log = logging.getLogger("fanout.api")
 
@@ -28,6 +29,7 @@ STATUS = {
     "PAYLOAD_TOO_LARGE": 413,
     "RATE_LIMITED": 429,
     "FANOUT_QUOTA_EXCEEDED": 429,
+    "UNAVAILABLE": 503,
     "INTERNAL": 500,
 }
 
@@ -56,7 +58,7 @@ def domain_error_response(error: FanoutError) -> web.Response:
     if error.code == "UNAUTHENTICATED":
         headers["WWW-Authenticate"] = 'Bearer realm="fanout"'
     retry_ms = error.details.get("retry_after_ms")
-    if isinstance(error, ADMISSION) and isinstance(retry_ms, int) and retry_ms >= 0:
+    if isinstance(error, (*ADMISSION, Unavailable)) and isinstance(retry_ms, int) and retry_ms >= 0:
         # -1 means "never at this size" (cost above the bucket's capacity): no retry hint then.
         headers["Retry-After"] = str(max(1, math.ceil(retry_ms / 1000)))
     return error_response(error.code, error.message, dict(error.details), headers=headers)
@@ -93,6 +95,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if exc.status < 400:
             raise
         return _http_error_response(exc, request)
-    except Exception:
+    except Exception as exc:
+        unavailable = storage_unavailable(exc)  # a full disk is 503 UNAVAILABLE, never a bare 500
+        if unavailable is not None:
+            return domain_error_response(unavailable)
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response("INTERNAL", "internal error")

@@ -23,6 +23,7 @@ SECRET = web.AppKey("secret", str)
 METRICS = web.AppKey("metrics", Metrics)
 EXECUTOR = web.AppKey("executor", ThreadPoolExecutor)
 SOCKETS = web.AppKey("sockets", weakref.WeakSet[web.WebSocketResponse])
+MAX_CONNECTIONS = web.AppKey("max_connections", int)  # open WebSockets (ADR-0010)
 
 
 async def blocking(app: web.Application, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

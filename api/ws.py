@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -18,13 +19,15 @@ from pydantic import ValidationError
 
 from api import schemas
 from api.endpoint import USER, Spec, authorize, validation_details
-from api.keys import MAX_BODY_BYTES, RUNTIME, SECRET, SOCKETS, blocking
+from api.keys import MAX_BODY_BYTES, MAX_CONNECTIONS, RUNTIME, SECRET, SOCKETS, blocking
 from api.views import conversation_sessions, history
-from domain.errors import FanoutError, InvalidArgument
+from domain.errors import FanoutError, InvalidArgument, Unavailable
+from fanout.overload import Throttled, storage_unavailable
 from fanout.push import Connection
 from fanout.security import Claims, Unauthenticated, verify_token
 
 log = logging.getLogger("fanout.api.ws")
+throttled = Throttled(log)
 
 AUTH_TIMEOUT = 10.0
 Emit = Callable[[dict[str, Any]], None]
@@ -38,11 +41,25 @@ async def websocket(request: web.Request) -> web.StreamResponse:
     ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=MAX_BODY_BYTES)
     await ws.prepare(request)
     sockets = request.app[SOCKETS]
+    if len(sockets) >= request.app[MAX_CONNECTIONS]:  # overload is answered with a frame (ADR-0010)
+        throttled("connections", logging.WARNING, "WebSocket refused: %d open (the bound)", len(sockets))
+        await refuse(ws, too_many_connections(len(sockets)), code=WSCloseCode.TRY_AGAIN_LATER)
+        return ws
     sockets.add(ws)
     try:
         claims = await authenticate(request, ws)
         if claims is not None:
             await session(request, ws, claims)
+    except ConnectionError:
+        pass  # the client went away
+    except (OSError, sqlite3.Error) as exc:  # e.g. out of descriptors or a full disk mid-login
+        throttled("login", logging.ERROR, "WebSocket session failed: %s", exc)
+        if not ws.closed:
+            error = storage_unavailable(exc) or Unavailable(
+                "the server cannot serve this connection now; retry later", reason="overloaded", retry_after_ms=1000
+            )
+            with contextlib.suppress(Exception):
+                await refuse(ws, error, code=WSCloseCode.TRY_AGAIN_LATER)
     finally:
         sockets.discard(ws)
         if not ws.closed:
@@ -87,9 +104,15 @@ async def authenticate(request: web.Request, ws: web.WebSocketResponse) -> Claim
         return None
 
 
-async def refuse(ws: web.WebSocketResponse, error: FanoutError) -> None:
+async def refuse(ws: web.WebSocketResponse, error: FanoutError, *, code: int = WSCloseCode.POLICY_VIOLATION) -> None:
     await ws.send_json(error_frame(error))
-    await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=error.code.encode())
+    await ws.close(code=code, message=error.code.encode())
+
+
+def too_many_connections(open_now: int) -> Unavailable:
+    return Unavailable(
+        f"too many connections ({open_now} open); retry later", reason="too_many_connections", retry_after_ms=1000
+    )
 
 
 async def session(request: web.Request, ws: web.WebSocketResponse, claims: Claims) -> None:

@@ -63,6 +63,12 @@ class Parameters:
     per_user_command_burst: float = 10.0
     # how long a read with min_position waits for the projector before UNAVAILABLE
     fresh_read_timeout: float = 5.0
+    # overload (ADR-0010), operational bounds rather than ADR-0003 parameters:
+    # writes are refused with UNAVAILABLE while the projector is behind by more than these
+    max_projection_lag_events: int = 50_000
+    max_projection_lag_entries: int = 10_000_000
+    # open WebSockets; more are answered ERROR{UNAVAILABLE} and closed (1013)
+    max_connections: int = 10_000
 
     def size_bucket(self, member_count: int) -> SizeBucket:
         if member_count <= self.small_max_members:

@@ -16,16 +16,18 @@ from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.domain import Aggregate
+from eventsourcing.persistence import Recording
 from eventsourcing.utils import get_topic
 
 from domain.conversation import Conversation, check_id
-from domain.errors import AlreadyExists, InvalidArgument, NotFound
+from domain.errors import AlreadyExists, FanoutError, InvalidArgument, NotFound
 from domain.identity import check_tenant
 from domain.params import Parameters, SizeBucket, WritePolicy
 from domain.policy import DISABLED, TierTerms
 from domain.quota import TenantQuota
 from domain.tier import Review, Tier
 from fanout.gate import UserCommandGate
+from fanout.overload import storage_unavailable
 
 A = TypeVar("A", bound=Aggregate)
 
@@ -71,6 +73,8 @@ class FanoutApplication(Application[UUID]):
         self.user_gate = UserCommandGate(params)
         self.lock = threading.RLock()
         self.saved_listeners: list[Callable[[], None]] = []
+        # called in the writer's lock after each save with (position, mailbox entries) per event
+        self.recorded_listeners: list[Callable[[list[tuple[int, int]]], None]] = []
         self._loaded: list[Aggregate] = []
         self._no_tier: set[tuple[str, str]] = set()
 
@@ -112,14 +116,27 @@ class FanoutApplication(Application[UUID]):
                     recordings = self.save(*touched)
                     if recordings:
                         touched.position = max(r.notification.id for r in recordings)
-            except BaseException:
+            except BaseException as exc:
                 for a in [*touched, *self._loaded]:
                     if a in touched or getattr(a, "_pending_events", None):
                         self._evict(a.id)
+                unavailable = None if isinstance(exc, FanoutError) else storage_unavailable(exc)
+                if unavailable is not None:  # a full disk: 503 UNAVAILABLE, nothing written
+                    raise unavailable from exc
                 raise
         if touched:
             for listener in self.saved_listeners:
                 listener()
+
+    def _notify(self, recordings: list[Recording[UUID]]) -> None:
+        """eventsourcing's hook after a save: report positions and each send's fan-out
+        entries (backpressure counts the read side's backlog without a query, ADR-0010)."""
+        if self.recorded_listeners:
+            recorded = [
+                (r.notification.id, int(getattr(r.domain_event, "fanout_entries", 0) or 0)) for r in recordings
+            ]
+            for listener in self.recorded_listeners:
+                listener(recorded)
 
     def log_position(self) -> int:
         """The notification id of the last event in the store (0 when empty)."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from domain.errors import FanoutError
 from fanout.config import ConfigError, Settings, load_settings, parse_duration
+from fanout.overload import startup_error
 from fanout.runtime import DataDirBusy
 from projections.rocksdb import ShardCountMismatch
 
@@ -366,6 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    data_dir = Path(args.data_dir or ".")
     try:
         settings = load_settings(config_file=args.config)
         data_dir = Path(args.data_dir) if args.data_dir else settings.data_dir
@@ -381,6 +383,12 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `fanout replay | head`
         sys.stderr.close()
         return 0
+    except Exception as exc:  # a full disk or an unwritable data dir: one line, no traceback (ADR-0010)
+        message = startup_error(data_dir, exc)
+        if message is None:
+            raise
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -107,6 +107,9 @@ _PARAMS: dict[str, tuple[Callable[[str], Any], Callable[[Any], dict[str, Any]]]]
     "PER_USER_COMMAND_RATE": (parse_rate, lambda v: {"per_user_command_rate": v}),
     "PER_USER_COMMAND_BURST": (_at_least_one, lambda v: {"per_user_command_burst": v}),
     "FRESH_READ_TIMEOUT": (parse_duration, lambda v: {"fresh_read_timeout": v}),
+    "MAX_PROJECTION_LAG_EVENTS": (_positive_int, lambda v: {"max_projection_lag_events": v}),
+    "MAX_PROJECTION_LAG_ENTRIES": (_positive_int, lambda v: {"max_projection_lag_entries": v}),
+    "MAX_CONNECTIONS": (_positive_int, lambda v: {"max_connections": v}),
 }
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from domain.params import Parameters
 from fanout.application import FanoutApplication
+from fanout.overload import Backpressure
 from fanout.push import PushHub
 from fanout.queries import Queries
 from projections.capacity import ReviewTrigger
@@ -95,6 +96,13 @@ class EmbeddedRuntime:
                 on_trigger=self._on_trigger,
             )
             self.app.saved_listeners.append(self.runner.wake)
+            self.backpressure = Backpressure(
+                self.runner,
+                self.runner.log_position(),
+                max_events=self.params.max_projection_lag_events,
+                max_entries=self.params.max_projection_lag_entries,
+            )
+            self.app.recorded_listeners.append(self.backpressure.recorded)
         except BaseException:
             if self._lock is not None:
                 self._lock.release()

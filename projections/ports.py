@@ -54,6 +54,9 @@ class MailboxStore(Protocol):
     def flush(self) -> None:
         """Make every written entry durable."""
 
+    def reopen(self) -> None:
+        """Close and open again after a storage failure (the projector then retries)."""
+
     def close(self) -> None: ...
 
 

@@ -17,6 +17,7 @@ ones (measured, docs/PERFORMANCE.md)."""
 
 from __future__ import annotations
 
+import errno
 import struct
 import threading
 from collections import deque
@@ -135,7 +136,10 @@ class RocksMailbox:
         prefix = self._prefix(tenant, user_id)
         ro = ReadOptions()
         ro.set_iterate_upper_bound(prefix + _POS.pack(until + 1))
-        it = self.db.iter(ro)
+        db = self.db
+        if db is None:  # being reopened after a storage failure (the caller answers UNAVAILABLE)
+            raise OSError(errno.EIO, f"mailbox store {self.path} is being reopened after an I/O error")
+        it = db.iter(ro)
         it.seek(prefix + _POS.pack(after + 1))
         n = len(prefix)
         out: list[MailboxEntry] = []
@@ -173,6 +177,15 @@ class RocksMailbox:
 
     def flush(self) -> None:
         pass  # each write() is in the WAL before it returns
+
+    def reopen(self) -> None:
+        """RocksDB refuses every write after a failed WAL append (e.g. a full disk) until
+        the database is reopened; reopening replays its WAL, so nothing acknowledged is lost."""
+        with self._lock:
+            if self.db is not None:
+                self.db.close()
+            self.db = None
+            self.db = _open(self.path)
 
     def close(self) -> None:
         with self._lock:

@@ -86,6 +86,53 @@ def connect(path: Path | str, *, readonly: bool = False) -> sqlite3.Connection:
     return con
 
 
+class ReadPool:
+    """A fixed number of read-only connections for reads that hold a cursor across
+    awaits (the login's session list): a login borrows one instead of opening its own,
+    so concurrent logins cannot run the process out of file descriptors (3 per
+    connection in WAL mode: the database, -wal and -shm)."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path = path
+        self.size = size
+        self._free: list[sqlite3.Connection] = []
+        self._opened = 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def try_acquire(self) -> sqlite3.Connection | None:
+        """A connection, or None when all `size` are lent out (never blocks)."""
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+            if self._opened >= self.size or self._closed:
+                return None
+            self._opened += 1
+        try:
+            return connect(self.path, readonly=True)
+        except BaseException:
+            with self._lock:
+                self._opened -= 1
+            raise
+
+    def release(self, con: sqlite3.Connection) -> None:
+        with self._lock:
+            if not self._closed:
+                self._free.append(con)
+                return
+        con.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            free, self._free = self._free, []
+        for con in free:
+            con.close()
+
+
+READ_POOL_SIZE = 8  # the API's executor threads
+
+
 class SqliteMailbox:
     """UserMailboxEntry in SQLite: key (tenant, user_id, pos), a user-ordered B-tree.
     The slower alternative (docs/adr/0004-mailbox-store.md), kept behind the same
@@ -150,6 +197,9 @@ class SqliteMailbox:
 
     def flush(self) -> None:
         pass  # each write_shards commits; synchronous=NORMAL in WAL is durable across process crashes
+
+    def reopen(self) -> None:
+        pass  # SQLite recovers from a failed write by itself (the transaction rolled back)
 
     def close(self) -> None:
         self._write.close()
@@ -296,6 +346,7 @@ class SqliteViews:
         self.mailbox: MailboxStore = mailbox
         self._local = threading.local()
         self._write_lock = threading.Lock()
+        self._pool = ReadPool(self.path, READ_POOL_SIZE)
 
     # -- writing -------------------------------------------------------------
 
@@ -408,24 +459,35 @@ class SqliteViews:
         """The login read (ADR section 3): the user's own state rows joined to their
         heads in one query, most recent activity first, in batches; never a query per
         conversation."""
-        con = connect(self.path, readonly=True)
-        con.row_factory = None
-        try:
-            cur = con.execute(
-                "SELECT s.conversation_id, h.write_policy, h.latest_conversation_seq, s.read_seq, "
-                "s.delivered_seq, s.skipping, s.gap_end, s.rebuilt_seq, s.mention_seqs, s.broadcast_base, "
-                "h.broadcasts, h.last_activity_id, h.preview "
-                "FROM states s JOIN heads h ON h.tenant = s.tenant AND h.conversation_id = s.conversation_id "
-                "WHERE s.tenant = ? AND s.user_id = ? ORDER BY h.last_activity_at DESC, s.conversation_id",
-                (tenant, user_id),
-            )
+        sql = (
+            "SELECT s.conversation_id, h.write_policy, h.latest_conversation_seq, s.read_seq, "
+            "s.delivered_seq, s.skipping, s.gap_end, s.rebuilt_seq, s.mention_seqs, s.broadcast_base, "
+            "h.broadcasts, h.last_activity_id, h.preview "
+            "FROM states s JOIN heads h ON h.tenant = s.tenant AND h.conversation_id = s.conversation_id "
+            "WHERE s.tenant = ? AND s.user_id = ? ORDER BY h.last_activity_at DESC, s.conversation_id"
+        )
+        con = self._pool.try_acquire()
+        if con is None:
+            # Every pooled cursor is lent to a login in progress: read this list in one
+            # statement on the thread's own connection (one snapshot, no extra descriptor).
+            cur = self.reader().execute(sql, (tenant, user_id))
+            cur.row_factory = None
+            rows = cur.fetchall()
+            for i in range(0, len(rows), batch):
+                yield rows[i : i + batch]
+            return
+        cur = con.cursor()
+        cur.row_factory = None
+        try:  # one cursor, one read snapshot across the batches
+            cur.execute(sql, (tenant, user_id))
             while True:
                 rows = cur.fetchmany(batch)
                 if not rows:
                     return
                 yield rows
         finally:
-            con.close()
+            cur.close()  # ends the read snapshot before the connection goes back
+            self._pool.release(con)
 
     def messages(self, tenant: str, conversation_id: str, after_seq: int, limit: int) -> list[dict[str, Any]]:
         rows = self.reader().execute(
@@ -470,8 +532,14 @@ class SqliteViews:
         until = self.position("delivery")
         return self.mailbox.read(tenant, user_id, after, until, limit)
 
+    def reopen_mailbox(self) -> None:
+        """After a storage failure: the projector retries on a freshly opened mailbox store."""
+        with self._write_lock:
+            self.mailbox.reopen()
+
     def close(self) -> None:
         self._con.close()
+        self._pool.close()
         self.mailbox.close()
         con = getattr(self._local, "con", None)
         if con is not None:

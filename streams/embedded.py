@@ -19,11 +19,13 @@ from eventsourcing.utils import get_topic
 
 from domain.conversation import Conversation
 from domain.params import Parameters
+from fanout.overload import Throttled, storage_failure
 from projections.capacity import CapacityProjection, ReviewTrigger
 from projections.delivery import Delivered, DeliveryProjection
 from projections.sqlite import ALL_PARTS, SqliteViews
 
 log = logging.getLogger("fanout.runner")
+RETRY_AFTER_FAILURE = 0.5  # seconds between attempts while the projection fails
 
 
 class EmbeddedRunner:
@@ -55,6 +57,13 @@ class EmbeddedRunner:
         self._progress = threading.Condition()
         self._thread: threading.Thread | None = None
         self.last_error: str | None = None
+        self.failure_reason: str | None = None  # storage_full, storage_error, projector_failed
+        self.failures = 0  # consecutive failed attempts
+        self._recover = False
+        self._reopen_mailbox = False
+        self._throttled = Throttled(log)
+        # The position the views have committed, kept in memory for backpressure (O(1) reads).
+        self.committed = self.position()
         self.processed = 0
         self.entries_written = 0
 
@@ -80,17 +89,39 @@ class EmbeddedRunner:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
+                if self._recover:
+                    if self._reopen_mailbox:  # RocksDB stays read-only after a failed write until reopened
+                        self.views.reopen_mailbox()
+                        self._reopen_mailbox = False
+                    self.reset()
+                    self._recover = False
                 n = self.run_once()
-                self.last_error = None
-            except Exception as exc:  # keep following; the error is shown by /readyz
-                log.exception("projection failed; retrying from the tracked position")
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                self.reset()
-                self._stop.wait(0.5)
+            except Exception as exc:  # keep following; the error is shown by /readyz and refuses writes
+                self._failed(exc)
+                self._stop.wait(RETRY_AFTER_FAILURE)
                 continue
+            if self.last_error is not None:
+                log.warning("projection recovered after %d failed attempts", self.failures)
+                self.last_error = self.failure_reason = None
+                self.failures = 0
             if n == 0:
                 self._wake.wait(0.25)
                 self._wake.clear()
+
+    def _failed(self, exc: Exception) -> None:
+        """One traceback for the first failure, then one line per interval: a full disk
+        fails every attempt until an operator frees space."""
+        self.failures += 1
+        reason = storage_failure(exc)
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        self.failure_reason = reason or "projector_failed"
+        if self.failures == 1:
+            log.exception("projection failed (%s); retrying from the tracked position", self.failure_reason)
+        else:
+            self._throttled("failing", logging.ERROR, "projection still failing: %s", self.last_error)
+        self._recover = True  # the next attempt starts from the committed views
+        if reason is not None:
+            self._reopen_mailbox = True
 
     def reset(self) -> None:
         """Forget in-memory working state; it is reloaded from the committed views."""
@@ -143,9 +174,11 @@ class EmbeddedRunner:
         if not notes:
             with self.views.unit_of_work(self.parts) as w:
                 w.track(DeliveryProjection.name, top)
+            self.committed = top
         done = 0
         while done < len(notes):
             done += self._commit(notes[done:], through)
+            self.committed = through if through is not None and done == len(notes) else notes[done - 1].id
         with self._progress:
             self._progress.notify_all()
         return len(notes)

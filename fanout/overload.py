@@ -1,0 +1,234 @@
+"""Overload and storage failure (ADR-0010): what the process refuses, and how it says so.
+
+* `storage_failure(exc)` recognises a full disk or a storage I/O error anywhere in an
+  exception's chain (SQLite, eventsourcing's wrappers, RocksDB, OSError), so it is
+  answered with 503 UNAVAILABLE instead of a bare 500.
+* `Backpressure` refuses writes the read side has to materialize once the projector is
+  behind the log by more than a bound, or while its last attempt failed. O(1) per check:
+  the application reports what it recorded (positions, mailbox entries of each send),
+  the runner keeps its committed position in memory; no query per send.
+* `raise_fd_limit()` lifts RLIMIT_NOFILE's soft limit to the hard one at `serve` start.
+* `Throttled` logs a recurring condition once per interval, with a count."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import resource
+import sqlite3
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from domain.errors import Unavailable
+
+log = logging.getLogger("fanout.overload")
+
+# Retry hints (ms). A full disk needs an operator; lag drains at the projector's rate.
+STORAGE_RETRY_MS = 5_000
+PROJECTOR_RETRY_MS = 5_000
+MIN_LAG_RETRY_MS = 1_000
+MAX_LAG_RETRY_MS = 60_000
+# Drain rates assumed for the lag retry hint: the ADR worst case (2 msg/s into 100k members)
+# for entries, about the command side's ceiling for events (docs/PERFORMANCE.md section 6).
+DRAIN_ENTRIES_PER_SEC = 200_000
+DRAIN_EVENTS_PER_SEC = 1_000
+
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_FULL_TEXT = ("database or disk is full", "no space left on device", "file too large", "disk quota exceeded")
+_IO_TEXT = ("disk i/o error", "io error:")  # SQLite, RocksDB
+SQLITE_FULL = 13
+SQLITE_IOERR = 10
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and e not in seen and len(seen) < 16:
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    return seen
+
+
+def storage_failure(exc: BaseException) -> str | None:
+    """'storage_full' (no space, quota, file size limit), 'storage_error' (another I/O
+    error of a store), or None when the exception is not about storage."""
+    reason: str | None = None
+    for e in _chain(exc):
+        if isinstance(e, OSError) and e.errno in _FULL_ERRNOS:
+            return "storage_full"
+        code = getattr(e, "sqlite_errorcode", None)
+        if isinstance(e, sqlite3.Error) and isinstance(code, int):
+            if code & 0xFF == SQLITE_FULL:
+                return "storage_full"
+            if code & 0xFF == SQLITE_IOERR:
+                reason = "storage_error"
+        text = str(e).lower()
+        if any(t in text for t in _FULL_TEXT):
+            return "storage_full"
+        if isinstance(e, OSError) or any(t in text for t in _IO_TEXT):
+            reason = "storage_error"
+    return reason
+
+
+def storage_unavailable(exc: BaseException) -> Unavailable | None:
+    reason = storage_failure(exc)
+    if reason is None:
+        return None
+    what = "the disk is full" if reason == "storage_full" else "a storage I/O error"
+    return Unavailable(
+        f"not written: {what} ({first_line(exc)}); nothing was changed, retry later",
+        reason=reason,
+        retry_after_ms=STORAGE_RETRY_MS,
+    )
+
+
+def first_line(exc: BaseException) -> str:
+    """The innermost message of an exception chain, on one line."""
+    inner = _chain(exc)[-1]
+    text = str(inner).strip().splitlines()
+    return text[0] if text else type(inner).__name__
+
+
+def startup_error(data_dir: Path, exc: BaseException) -> str | None:
+    """One line for a data dir (or file) the process cannot open or write: a full disk,
+    not a directory, no permission. None when the exception is something else."""
+    chain = _chain(exc)
+    reason = storage_failure(exc)
+    if reason is None and not any(isinstance(e, OSError | sqlite3.Error) for e in chain):
+        return None
+    os_error = next((e for e in chain if isinstance(e, OSError) and e.filename), None)
+    if os_error is not None:
+        where, what = os_error.filename, os_error.strerror or first_line(os_error)
+    else:
+        where, what = data_dir, first_line(exc)
+    hint = " (the disk is full: free space, then start again)" if reason == "storage_full" else ""
+    return f"cannot use {where}: {what}{hint}"
+
+
+# -- file descriptors -------------------------------------------------------------------
+
+NOFILE_CEILING = 1_048_576  # when the hard limit is unlimited
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Set RLIMIT_NOFILE's soft limit to the hard limit; returns (before, after)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = NOFILE_CEILING if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open-file limit from %d to %d: %s", soft, target, exc)
+            return soft, soft
+        return soft, target
+    return soft, soft
+
+
+def fd_soft_limit() -> int:
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return NOFILE_CEILING if soft == resource.RLIM_INFINITY else int(soft)
+
+
+class Throttled:
+    """Log a recurring condition at most once per `interval` seconds, with how many
+    times it happened since the last line. No traceback: the first line says what."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 30.0) -> None:
+        self.logger = logger
+        self.interval = interval
+        self._last: dict[str, float] = {}
+        self._count: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, key: str, level: int, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._count[key] = self._count.get(key, 0) + 1
+            last = self._last.get(key)
+            if last is not None and now - last < self.interval:
+                return
+            n = self._count.pop(key)
+            self._last[key] = now
+        suffix = f" ({n} times in the last {self.interval:g} s)" if n > 1 else ""
+        self.logger.log(level, message + suffix, *args)
+
+
+# -- backpressure -------------------------------------------------------------------------
+
+
+class RunnerState(Protocol):
+    committed: int
+    last_error: str | None
+    failure_reason: str | None
+
+
+class Backpressure:
+    """Refuse writes while the read side cannot keep up (ADR-0010).
+
+    Lag is counted two ways, both without a query: events (log positions written and
+    not yet committed by the projector) and mailbox entries (the `fanout_entries` of
+    the sends among them). Entries measure the projector's work; events bound a backlog
+    of many cheap events. A backlog found at start-up counts as events only."""
+
+    def __init__(self, runner: RunnerState, written: int, *, max_events: int, max_entries: int) -> None:
+        self.runner = runner
+        self.max_events = max_events
+        self.max_entries = max_entries
+        self.written = written
+        self._sends: deque[tuple[int, int]] = deque()  # (position, entries written through it)
+        self._total = 0
+        self._projected = 0  # entries written through the last pruned send
+        self._lock = threading.Lock()
+        self.refusals = 0
+
+    def recorded(self, positions: Sequence[tuple[int, int]]) -> None:
+        """After a save (in the writer's lock): (position, mailbox entries) per event."""
+        with self._lock:
+            for position, entries in positions:
+                if entries:
+                    self._total += entries
+                    self._sends.append((position, self._total))
+                if position > self.written:
+                    self.written = position
+
+    def lag(self) -> tuple[int, int]:
+        """(events, mailbox entries) written and not yet materialized."""
+        committed = self.runner.committed
+        with self._lock:
+            sends = self._sends
+            while sends and sends[0][0] <= committed:
+                self._projected = sends.popleft()[1]
+            return max(0, self.written - committed), self._total - self._projected
+
+    def check(self) -> None:
+        """Raise Unavailable when a write now would be acknowledged but not materialized."""
+        failed = self.runner.last_error
+        if failed is not None:
+            self.refusals += 1
+            reason = self.runner.failure_reason or "projector_failed"
+            raise Unavailable(
+                f"not accepted: the projector cannot materialize writes ({failed}); retry later",
+                reason=reason,
+                retry_after_ms=STORAGE_RETRY_MS if reason.startswith("storage") else PROJECTOR_RETRY_MS,
+            )
+        events, entries = self.lag()
+        if events > self.max_events or entries > self.max_entries:
+            self.refusals += 1
+            # Hint: the time to drain back to half the bound at the assumed rates.
+            seconds = max(
+                (entries - self.max_entries / 2) / DRAIN_ENTRIES_PER_SEC,
+                (events - self.max_events / 2) / DRAIN_EVENTS_PER_SEC,
+            )
+            retry_ms = int(min(MAX_LAG_RETRY_MS, max(MIN_LAG_RETRY_MS, seconds * 1000)))
+            raise Unavailable(
+                f"not accepted: the read side is behind by {events} events / {entries} mailbox entries "
+                f"(bounds {self.max_events} / {self.max_entries}); retry later",
+                reason="projection_lag",
+                lag_events=events,
+                lag_entries=entries,
+                retry_after_ms=retry_ms,
+            )
