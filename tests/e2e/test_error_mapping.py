@@ -64,7 +64,7 @@ async def test_each_domain_error_becomes_its_status_and_the_error_shape(get: aio
             "message": "it failed",
             "details": {"retry_after_ms": 1500, "gate": "per_conversation_msg_rate"},
         }
-        if code in ("RATE_LIMITED", "FANOUT_QUOTA_EXCEEDED"):
+        if code in ("RATE_LIMITED", "FANOUT_QUOTA_EXCEEDED", "UNAVAILABLE"):
             assert resp.headers["Retry-After"] == "2"
         else:
             assert "Retry-After" not in resp.headers
