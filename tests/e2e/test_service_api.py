@@ -8,7 +8,7 @@ from tests.e2e.conftest import Api, Server, conversation, expect
 async def test_a_service_creates_a_conversation_and_reads_its_head(api: Api, cid: str) -> None:
     svc = api.service("acme")
     created = expect(await svc.create_conversation(conversation_id=cid, title="ops", members=["ann", "bob"]), 201)
-    assert created == {"conversation_id": cid, "title": "ops", "member_count": 2}
+    assert created == {"conversation_id": cid, "title": "ops", "member_count": 2, "position": created["position"]}
 
     head = expect(await svc.head(cid), 200)
     assert head["latest_conversation_seq"] == 0
@@ -27,7 +27,7 @@ async def test_a_conversation_without_an_id_gets_a_generated_one(api: Api) -> No
 async def test_a_sent_message_moves_the_head_and_is_materialized_for_every_member(api: Api, cid: str) -> None:
     svc = await conversation(api, "acme", cid, ["ann", "bob", "cat"])
     sent = expect(await svc.send(cid, sender="ann", text="hello all"), 201)
-    assert set(sent) == {"conversation_seq", "message_id", "write_policy"}
+    assert set(sent) == {"conversation_seq", "message_id", "write_policy", "position"}
     assert sent["conversation_seq"] == 1 and sent["write_policy"] == "always"
 
     record = await svc.materialized(cid, 1)
@@ -57,8 +57,10 @@ async def test_a_retry_with_the_same_client_msg_id_returns_the_same_seq_and_writ
 
 async def test_members_are_added_in_bulk_and_removed_one_by_one(api: Api, cid: str) -> None:
     svc = await conversation(api, "acme", cid, ["ann"])
-    assert expect(await svc.add_members(cid, ["bob", "cat", "ann"]), 200) == {"added": 2, "member_count": 3}
-    assert expect(await svc.remove_member(cid, "cat"), 200) == {"member_count": 2}
+    added = expect(await svc.add_members(cid, ["bob", "cat", "ann"]), 200)
+    assert added == {"added": 2, "member_count": 3, "position": added["position"]}
+    removed = expect(await svc.remove_member(cid, "cat"), 200)
+    assert removed == {"member_count": 2, "position": removed["position"]} and removed["position"] > added["position"]
     sent = expect(await svc.send(cid, sender="bob", text="after leave"), 201)
     assert (await svc.materialized(cid, sent["conversation_seq"]))["mailbox_entries"] == 2
 
