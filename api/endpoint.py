@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from api.keys import SECRET
 from domain.errors import InvalidArgument
+from fanout import strict_json
 from fanout.security import Claims, Forbidden, Unauthenticated, verify_token
 
 SERVICE = frozenset({"service", "admin"})  # admin may also call service routes
@@ -34,6 +35,7 @@ class Spec:
     ok: int = 200
     response: type[BaseModel] | None = None
     description: str = ""
+    errors: tuple[int, ...] = ()  # error statuses beyond those implied by roles, body and path
 
 
 def bearer(request: web.Request) -> str:
@@ -59,12 +61,27 @@ def validation_details(exc: ValidationError) -> dict[str, Any]:
     return {"errors": errors}
 
 
-def validate_body(model: type[BaseModel], raw: bytes) -> BaseModel:
+def parse_json(raw: bytes | str, what: str = "the request body") -> Any:
+    """Strict JSON (fanout.strict_json): not UTF-8, NaN / Infinity, an integer beyond 64 bits,
+    a lone surrogate or a duplicate key is INVALID_ARGUMENT naming the field, before any model
+    or the domain sees the value."""
     try:
-        return model.model_validate_json(raw or b"{}")
+        return strict_json.loads(raw)
+    except strict_json.NotStrictJSON as exc:
+        loc = list(exc.path)
+        where = exc.where
+        message = f"{where}: {exc.message}" if where else f"{what} is not strict JSON: {exc.message}"
+        details: dict[str, Any] = {"errors": [{"type": "json_invalid", "loc": loc, "msg": exc.message}]}
+        if where:
+            details["field"] = where
+        raise InvalidArgument(message, **details) from None
+
+
+def validate_body(model: type[BaseModel], raw: bytes) -> BaseModel:
+    data = parse_json(raw) if raw else {}
+    try:
+        return model.model_validate(data)
     except ValidationError as exc:
-        if any(e["type"] == "json_invalid" for e in exc.errors()):
-            raise InvalidArgument("the request body is not valid JSON", **validation_details(exc)) from None
         raise InvalidArgument(_summary(exc), **validation_details(exc)) from None
 
 

@@ -12,6 +12,7 @@ from aiohttp.typedefs import Handler
 
 from api.keys import MAX_BODY_BYTES, METRICS
 from domain.errors import FanoutError, FanoutQuotaExceeded, RateLimited, Unavailable
+from fanout import strict_json
 from fanout.overload import storage_unavailable
 
 log = logging.getLogger("fanout.api")
@@ -40,6 +41,12 @@ def error_body(code: str, message: str, details: dict[str, Any] | None = None) -
     return {"error": code, "message": message, "details": details or {}}
 
 
+def json_response(data: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    """Every JSON answer of the API: strict JSON (a NaN or Infinity is a ValueError, which
+    the middleware turns into a 500 INTERNAL instead of a body no client can parse)."""
+    return web.json_response(data, status=status, headers=headers, dumps=strict_json.dumps)
+
+
 def error_response(
     code: str,
     message: str,
@@ -48,8 +55,13 @@ def error_response(
     status: int | None = None,
     headers: dict[str, str] | None = None,
 ) -> web.Response:
-    return web.json_response(
-        error_body(code, message, details), status=status or STATUS.get(code, 500), headers=headers
+    body = error_body(code, message, details)
+    try:
+        text = strict_json.dumps(body)
+    except ValueError:  # details that are not strict JSON: the error without them
+        text = strict_json.dumps(error_body(code, message))
+    return web.Response(
+        text=text, content_type="application/json", status=status or STATUS.get(code, 500), headers=headers
     )
 
 

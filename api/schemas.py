@@ -10,19 +10,47 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from domain.identity import MAX_ID_LENGTH
 from domain.tier import DECISIONS, TRIGGERS
 from fanout.queries import MAX_PAGE
+from fanout.strict_json import INT64_MAX
 
-Id = Annotated[str, Field(min_length=1, max_length=128)]
-Seq = Annotated[int, Field(ge=0)]
-Limit = Annotated[int, Field(ge=1, le=MAX_PAGE)]
+# Every integer the API takes fits SQLite's signed 64 bits; bodies are parsed by
+# fanout.strict_json first, which also refuses NaN / Infinity and lone surrogates.
+ID_PATTERN = r"^[^\x00-\x1f\x7f]+$"  # no control characters (ids end mailbox keys)
+ID_RULE = f"1 to {MAX_ID_LENGTH} characters, no control characters (U+0000..U+001F, U+007F) or surrogates"
+Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH, pattern=ID_PATTERN, description=ID_RULE)]
+# The seq of a message: 1 up to the conversation's latest (path {seq}, reply_to_seq).
+MessageSeq = Annotated[
+    int, Field(ge=1, le=INT64_MAX, description="a conversation_seq: 1 up to the conversation's latest conversation_seq")
+]
+Limit = Annotated[int, Field(ge=1, le=MAX_PAGE, description=f"page size, 1 to {MAX_PAGE}")]
+# A conversation_seq a caller names: >= 0 (0: before the first message), at most the latest.
+ReadSeq = Annotated[
+    int,
+    Field(
+        ge=0, le=INT64_MAX, description="a conversation_seq: 0 (none) up to the conversation's latest conversation_seq"
+    ),
+]
+AfterSeq = Annotated[
+    int,
+    Field(ge=0, le=INT64_MAX, description="messages after this conversation_seq; at most the latest conversation_seq"),
+]
+Cursor = Annotated[int, Field(ge=0, le=INT64_MAX, description="cursor: next_after of the previous page (0: start)")]
+# A setting the server reads at start-up: openapi.py fills in the value it runs with.
+TEXT_RULE = "1 to max_text_length characters (FANOUT_MAX_TEXT_LENGTH; the running value is maxLength)"
+Text = Annotated[
+    str, Field(min_length=1, description=TEXT_RULE, json_schema_extra={"x-max-length-param": "max_text_length"})
+]
+PositiveFinite = Annotated[float, Field(gt=0, allow_inf_nan=False, description="a finite number > 0")]
+Ratio = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False, description="a finite number in (0, 1]")]
 SizeBucketName = Literal["small", "medium", "large"]
 Decision = Literal[DECISIONS]  # type: ignore[valid-type]
 Trigger = Literal[TRIGGERS]  # type: ignore[valid-type]
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class Query(BaseModel):
@@ -44,10 +72,10 @@ class AddMembers(Body):
 
 class SendMessage(Body):
     sender: Id
-    text: str = Field(description="at most max_text_length characters")
+    text: Text
     mentions: list[Id] = Field(default_factory=list)
     mention_all: bool = False
-    reply_to_seq: Annotated[int, Field(ge=1)] | None = None
+    reply_to_seq: MessageSeq | None = None
     announcement: bool = False
     client_msg_id: Id | None = Field(None, description="makes a retry idempotent: same seq, no duplicate")
 
@@ -63,8 +91,12 @@ class OpenReview(Body):
 
 class DecideReview(Body):
     decision: Decision
-    read_diffusion_min_saving: Annotated[float, Field(gt=0)] | None = None
-    read_diffusion_max_active_ratio: Annotated[float, Field(gt=0, le=1)] | None = None
+    read_diffusion_min_saving: PositiveFinite | None = Field(
+        None, description="enable_mention_only: a finite number > 0 (members x (1 - alpha) a conversation must save)"
+    )
+    read_diffusion_max_active_ratio: Ratio | None = Field(
+        None, description="enable_mention_only: a finite number in (0, 1] (alpha must be below it)"
+    )
     note: Annotated[str, Field(max_length=2000)] = ""
 
 
@@ -76,16 +108,16 @@ class RollBackTier(Body):
 
 
 class MarkRead(Body):
-    read_seq: Seq
+    read_seq: ReadSeq
 
 
 class MailboxQuery(Query):
-    after: Seq = Field(0, description="cursor: next_after of the previous page")
+    after: Cursor = 0
     limit: Limit = 100
 
 
 class HistoryQuery(Query):
-    after_seq: Seq = 0
+    after_seq: AfterSeq = 0
     limit: Limit = 100
 
 
@@ -115,13 +147,13 @@ class AuthFrame(Body):
 class MarkReadFrame(Body):
     type: Literal["MARK_READ"]
     conversation_id: Id
-    read_seq: Seq
+    read_seq: ReadSeq
 
 
 class PullHistoryFrame(Body):
     type: Literal["PULL_HISTORY"]
     conversation_id: Id
-    after_seq: Seq = 0
+    after_seq: AfterSeq = 0
     limit: Limit = 100
 
 

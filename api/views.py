@@ -11,6 +11,7 @@ from aiohttp import web
 
 from api import schemas
 from api.endpoint import ADMIN, SERVICE, USER, endpoint
+from api.errors import json_response
 from api.keys import METRICS, RUNTIME, blocking
 from api.metrics import CONTENT_TYPE, capacity_rates
 from domain.errors import InvalidArgument, NotAMember, NotFound
@@ -18,6 +19,7 @@ from domain.params import SizeBucket
 from fanout.application import review_dict
 from fanout.runtime import EmbeddedRuntime
 from fanout.security import Claims
+from fanout.strict_json import INT64_MAX
 
 READ_THROUGH_TIMEOUT = 2.0
 
@@ -165,13 +167,13 @@ def seq_param(request: web.Request, name: str = "seq") -> int:
         value = int(text)
     except ValueError:
         raise InvalidArgument(f"{name} must be an integer", field=name) from None
-    if value < 1:
-        raise InvalidArgument(f"{name} must be a conversation_seq >= 1", field=name)
+    if not 1 <= value <= INT64_MAX:
+        raise InvalidArgument(f"{name} must be a conversation_seq from 1 to {INT64_MAX}", field=name)
     return value
 
 
 def reply(data: Any, status: int = 200) -> web.Response:
-    return web.json_response(data, status=status)
+    return json_response(data, status=status)  # strict JSON: never NaN / Infinity
 
 
 # -- operations ------------------------------------------------------------------

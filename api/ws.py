@@ -18,10 +18,12 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from pydantic import ValidationError
 
 from api import schemas
-from api.endpoint import USER, Spec, authorize, validation_details
+from api.endpoint import USER, Spec, authorize, parse_json, validation_details
+from api.errors import error_response
 from api.keys import MAX_BODY_BYTES, MAX_CONNECTIONS, RUNTIME, SECRET, SOCKETS, blocking
 from api.views import conversation_sessions, history
 from domain.errors import FanoutError, InvalidArgument, Unavailable
+from fanout import strict_json
 from fanout.overload import Throttled, storage_unavailable
 from fanout.push import Connection
 from fanout.security import Claims, Unauthenticated, verify_token
@@ -39,6 +41,8 @@ def error_frame(error: FanoutError) -> dict[str, Any]:
 
 async def websocket(request: web.Request) -> web.StreamResponse:
     ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=MAX_BODY_BYTES)
+    if not ws.can_prepare(request).ok:  # a plain GET: say how to connect, as JSON
+        return upgrade_required(request)
     await ws.prepare(request)
     sockets = request.app[SOCKETS]
     if len(sockets) >= request.app[MAX_CONNECTIONS]:  # overload is answered with a frame (ADR-0010)
@@ -71,7 +75,11 @@ websocket.spec = Spec(  # type: ignore[attr-defined]
     "WebSocket sync: AUTH, SESSION_LIST_BATCH, live MESSAGE/HEAD, MARK_READ, PULL_HISTORY, REBUILD",
     roles=None,
     ok=101,
+    errors=(426,),
     description=(
+        "A WebSocket: connect with Connection: Upgrade and Upgrade: websocket (101 Switching Protocols); a GET "
+        "without them is answered 426 with the JSON error body (INVALID_ARGUMENT) and an Upgrade: websocket header. "
+        "Frames are strict JSON text like HTTP bodies. "
         "Send AUTH{token} (a user token) first; anything else is answered by an ERROR frame and a close. "
         "The server answers AUTH_OK, then one or more SESSION_LIST_BATCH frames (the last has last=true), "
         "then live MESSAGE and HEAD frames. Client frames MARK_READ, PULL_HISTORY and REBUILD are answered by "
@@ -80,6 +88,16 @@ websocket.spec = Spec(  # type: ignore[attr-defined]
         "Frame schemas: components/schemas/*Frame."
     ),
 )
+
+
+def upgrade_required(request: web.Request) -> web.Response:
+    return error_response(
+        "INVALID_ARGUMENT",
+        f"{request.path} is a WebSocket endpoint: connect with Connection: Upgrade and Upgrade: websocket",
+        {"upgrade": "websocket"},
+        status=426,
+        headers={"Upgrade": "websocket", "Connection": "Upgrade"},
+    )
 
 
 async def authenticate(request: web.Request, ws: web.WebSocketResponse) -> Claims | None:
@@ -95,7 +113,9 @@ async def authenticate(request: web.Request, ws: web.WebSocketResponse) -> Claim
         if msg.type is not WSMsgType.TEXT:
             raise Unauthenticated("the first frame must be a text AUTH{token} frame")
         try:
-            frame = schemas.AuthFrame.model_validate_json(msg.data)
+            frame = schemas.AuthFrame.model_validate(parse_json(msg.data, "the frame"))
+        except InvalidArgument as exc:
+            raise Unauthenticated(f"the first frame must be AUTH{{token}}: {exc.message}", **exc.details) from None
         except ValidationError as exc:
             raise Unauthenticated("the first frame must be AUTH{token}", **validation_details(exc)) from None
         return authorize(verify_token(request.app[SECRET], frame.token), USER)
@@ -105,7 +125,7 @@ async def authenticate(request: web.Request, ws: web.WebSocketResponse) -> Claim
 
 
 async def refuse(ws: web.WebSocketResponse, error: FanoutError, *, code: int = WSCloseCode.POLICY_VIOLATION) -> None:
-    await ws.send_json(error_frame(error))
+    await ws.send_json(error_frame(error), dumps=strict_json.dumps)
     await ws.close(code=code, message=error.code.encode())
 
 
@@ -123,11 +143,11 @@ async def session(request: web.Request, ws: web.WebSocketResponse, claims: Claim
     rt.hub.register(conn)
     writer: asyncio.Task[None] | None = None
     try:
-        await ws.send_json({"type": "AUTH_OK", "user_id": claims.sub, "tenant": claims.tenant})
+        await ws.send_json({"type": "AUTH_OK", "user_id": claims.sub, "tenant": claims.tenant}, dumps=strict_json.dumps)
         batches = rt.queries.session_batches(claims.tenant, claims.sub)
         try:  # produced lazily: each batch is read off the loop and sent before the next is read
             while (frame := await blocking(app, next, batches, None)) is not None:
-                await ws.send_json(frame)
+                await ws.send_json(frame, dumps=strict_json.dumps)
         finally:  # a generator: release its read cursor even if the client left mid-list
             close = getattr(batches, "close", None)
             if close is not None:
@@ -152,7 +172,12 @@ async def write(ws: web.WebSocketResponse, queue: asyncio.Queue[dict[str, Any]])
     while not ws.closed:
         frame = await queue.get()
         try:
-            await ws.send_json(frame)
+            try:
+                text = strict_json.dumps(frame)
+            except ValueError:  # a NaN / Infinity in a frame: an ERROR frame, never invalid JSON
+                log.exception("refusing to send a %s frame that is not strict JSON", frame.get("type"))
+                text = strict_json.dumps(error_frame(FanoutError("internal error: the frame was not strict JSON")))
+            await ws.send_str(text)
         except (ConnectionError, RuntimeError):  # the peer went away; the reader ends the session
             return
 
@@ -162,7 +187,7 @@ async def handle(app: web.Application, claims: Claims, raw: str, emit: Emit) -> 
     tenant, user = claims.tenant, claims.sub
     try:
         try:
-            frame = schemas.CLIENT_FRAME.validate_json(raw)
+            frame = schemas.CLIENT_FRAME.validate_python(parse_json(raw, "the frame"))
         except ValidationError as exc:
             raise InvalidArgument(frame_problem(exc), **validation_details(exc)) from None
         if isinstance(frame, schemas.MarkReadFrame):

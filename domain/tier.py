@@ -4,6 +4,7 @@ The mention_only tier is enabled only by an approved review; T1/T2 only open one
 
 from __future__ import annotations
 
+import math
 from typing import Any
 from uuid import UUID, uuid4, uuid5
 
@@ -18,6 +19,10 @@ _NS = UUID("c3a1f0e2-7b9d-4e11-a2c4-5d6e7f809a1b")
 
 TRIGGERS = ("manual", "T1", "T2")
 DECISIONS = ("enable_mention_only", "scale_out", "rate_limit", "no_action")
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 class Review(Aggregate):
@@ -91,11 +96,15 @@ class Review(Aggregate):
                     "enable_mention_only needs read_diffusion_min_saving and read_diffusion_max_active_ratio",
                     field="decision",
                 )
-            if not read_diffusion_min_saving > 0:
-                raise InvalidArgument("read_diffusion_min_saving must be > 0", field="read_diffusion_min_saving")
-            if not 0 < read_diffusion_max_active_ratio <= 1:
+            # Finite too: an Infinity would be stored in the log and make every JSON of it invalid.
+            if not (_finite(read_diffusion_min_saving) and read_diffusion_min_saving > 0):
                 raise InvalidArgument(
-                    "read_diffusion_max_active_ratio must be in (0, 1]", field="read_diffusion_max_active_ratio"
+                    "read_diffusion_min_saving must be a finite number > 0", field="read_diffusion_min_saving"
+                )
+            if not (_finite(read_diffusion_max_active_ratio) and 0 < read_diffusion_max_active_ratio <= 1):
+                raise InvalidArgument(
+                    "read_diffusion_max_active_ratio must be a finite number in (0, 1]",
+                    field="read_diffusion_max_active_ratio",
                 )
             params = {
                 "read_diffusion_min_saving": float(read_diffusion_min_saving),
