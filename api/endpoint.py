@@ -108,8 +108,9 @@ def endpoint(
     ok: int = 200,
     response: type[BaseModel] | None = None,
     description: str = "",
+    errors: tuple[int, ...] = (),
 ) -> Callable[[Handler], Callable[[web.Request], Awaitable[web.StreamResponse]]]:
-    spec = Spec(summary, roles, body, query, ok, response, description)
+    spec = Spec(summary, roles, body, query, ok, response, description, errors)
 
     def wrap(fn: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         @functools.wraps(fn)

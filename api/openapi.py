@@ -17,6 +17,10 @@ from api.keys import RUNTIME
 from domain.identity import MAX_ID_LENGTH, MAX_TENANT_LENGTH
 from domain.params import Parameters
 
+# Read-your-writes headers (api/views.py sets and reads them).
+POSITION_HEADER = "X-Fanout-Position"
+MIN_POSITION_HEADER = "X-Fanout-Min-Position"
+
 ROLE_TEXT = {
     frozenset({"service", "admin"}): "service or admin token",
     frozenset({"admin"}): "admin token",
@@ -117,6 +121,10 @@ def _operation(method: str, path: str, handler: Any, components: dict[str, Any])
         q = spec.query.model_json_schema()
         for name, prop in q.get("properties", {}).items():
             params.append({"name": name, "in": "query", "required": name in q.get("required", []), "schema": prop})
+        if "min_position" in q.get("properties", {}):  # read-your-writes, also as a header
+            params.append({"name": MIN_POSITION_HEADER, "in": "header", "required": False,
+                           "schema": {"type": "integer", "minimum": 0},
+                           "description": "same as min_position (the larger of both applies)"})  # fmt: skip
     if params:
         op["parameters"] = params
     if spec.body is not None:
@@ -126,6 +134,9 @@ def _operation(method: str, path: str, handler: Any, components: dict[str, Any])
     if spec.response is not None:
         _add_schema(components, spec.response)
         ok["content"] = {"application/json": {"schema": _ref(spec.response)}}
+    if method in ("POST", "DELETE") and spec.roles is not None:  # every write answers its log position
+        ok["headers"] = {POSITION_HEADER: {"description": "the log position of this write: a read's min_position",
+                                           "schema": {"type": "integer"}}}  # fmt: skip
     responses: dict[str, Any] = {str(spec.ok): ok}
     if spec.roles is not None:
         op["security"] = [{"bearer": []}]

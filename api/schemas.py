@@ -111,12 +111,25 @@ class MarkRead(Body):
     read_seq: ReadSeq
 
 
-class MailboxQuery(Query):
+class FreshQuery(Query):
+    """Read-your-writes: a read of the views may name the log position of a write."""
+
+    min_position: Annotated[int, Field(ge=0, le=INT64_MAX)] | None = Field(
+        None,
+        description=(
+            "wait until the views have applied this log position (a write's X-Fanout-Position / position), "
+            "at most FANOUT_FRESH_READ_TIMEOUT; then 503 UNAVAILABLE with Retry-After. "
+            "The header X-Fanout-Min-Position does the same."
+        ),
+    )
+
+
+class MailboxQuery(FreshQuery):
     after: Cursor = 0
     limit: Limit = 100
 
 
-class HistoryQuery(Query):
+class HistoryQuery(FreshQuery):
     after_seq: AfterSeq = 0
     limit: Limit = 100
 
@@ -134,6 +147,7 @@ class SendResult(BaseModel):
     conversation_seq: int
     message_id: str
     write_policy: Literal["always", "mention_only"]
+    position: int = Field(description="the log position of this write (also X-Fanout-Position): a read's min_position")
 
 
 # -- WebSocket frames -----------------------------------------------------------
@@ -201,6 +215,8 @@ class ReadOkFrame(BaseModel):
     type: Literal["READ_OK"]
     conversation_id: str
     read_seq: int
+    coalesced: bool = Field(description="true: it changed nothing, no event was written; read_seq is the current one")
+    position: int = Field(description="log position of this write (a read's min_position)")
 
 
 class HistoryFrame(BaseModel):
@@ -215,6 +231,7 @@ class RebuildOkFrame(BaseModel):
     type: Literal["REBUILD_OK"]
     conversation_id: str
     rebuilt_at_seq: int
+    position: int = Field(description="log position of this write (a read's min_position)")
 
 
 class ErrorFrame(BaseModel):

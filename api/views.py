@@ -4,7 +4,9 @@ domain errors and turned into HTTP in one place (`api/errors.py`)."""
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from typing import Any
 
 from aiohttp import web
@@ -14,7 +16,7 @@ from api.endpoint import ADMIN, SERVICE, USER, endpoint
 from api.errors import json_response
 from api.keys import METRICS, RUNTIME, blocking
 from api.metrics import CONTENT_TYPE, capacity_rates
-from domain.errors import InvalidArgument, NotAMember, NotFound
+from domain.errors import InvalidArgument, NotAMember, NotFound, Unavailable
 from domain.params import SizeBucket
 from fanout.application import review_dict
 from fanout.runtime import EmbeddedRuntime
@@ -22,15 +24,70 @@ from fanout.security import Claims
 from fanout.strict_json import INT64_MAX
 
 READ_THROUGH_TIMEOUT = 2.0
+REBUILD_TIMEOUT = 10.0
+# Read-your-writes: every write answers its log position in this header (and `position`
+# in its body); a read given min_position (query) or this header waits for the views.
+POSITION_HEADER = "X-Fanout-Position"
+MIN_POSITION_HEADER = "X-Fanout-Min-Position"
+
+_waiting: weakref.WeakKeyDictionary[EmbeddedRuntime, int] = weakref.WeakKeyDictionary()
+_waiting_lock = threading.Lock()
 
 
 # -- blocking helpers (run in the executor) ------------------------------------
 
 
-def caught_up(rt: EmbeddedRuntime, timeout: float = READ_THROUGH_TIMEOUT) -> None:
-    """Wait (briefly) until the views hold what was written before this request."""
-    if rt.runner.running and rt.runner.position() < rt.runner.log_position():
-        rt.runner.wait_until(rt.runner.log_position(), timeout)
+def projected(rt: EmbeddedRuntime, position: int | None = None, timeout: float = READ_THROUGH_TIMEOUT) -> bool:
+    """The one wait for the views: until the projector has applied `position` (default:
+    the whole log as written now), at most `timeout` s. True once it has; False at the
+    timeout, or at once when no projector runs (nothing would move the views)."""
+    target = rt.runner.log_position() if position is None else position
+    if rt.runner.position() >= target:
+        return True
+    if not rt.runner.running:
+        return False
+    with _waiting_lock:
+        _waiting[rt] = _waiting.get(rt, 0) + 1
+    try:
+        return rt.runner.wait_until(target, timeout)
+    finally:
+        with _waiting_lock:
+            _waiting[rt] -= 1
+
+
+def waiting_reads(rt: EmbeddedRuntime) -> int:
+    """Requests waiting in `projected` now (shown by /v1/admin/projections)."""
+    with _waiting_lock:
+        return _waiting.get(rt, 0)
+
+
+def fresh(rt: EmbeddedRuntime, min_position: int | None) -> None:
+    """A read that asked for min_position: wait (bounded by FANOUT_FRESH_READ_TIMEOUT)
+    until the views hold it; UNAVAILABLE (503, Retry-After) if they do not in time."""
+    if min_position is None:
+        return
+    log_position = rt.runner.log_position()
+    if min_position > log_position:
+        raise InvalidArgument(
+            f"min_position {min_position} is beyond the log position {log_position}",
+            field="min_position",
+            log_position=log_position,
+        )
+    if not projected(rt, min_position, rt.params.fresh_read_timeout):
+        position = rt.runner.position()
+        raise Unavailable(
+            f"the views are at log position {position}, not yet at min_position {min_position}; retry",
+            position=position,
+            min_position=min_position,
+            log_position=log_position,
+            projector_running=rt.runner.running,
+            retry_after_ms=1000,
+        )
+
+
+def fresh_read(rt: EmbeddedRuntime, min_position: int | None, fn: Any, *args: Any) -> Any:
+    fresh(rt, min_position)
+    return fn(*args)
 
 
 def read_through(rt: EmbeddedRuntime, fn: Any, *args: Any) -> Any:
@@ -43,7 +100,7 @@ def read_through(rt: EmbeddedRuntime, fn: Any, *args: Any) -> Any:
         # that check (a flaky read-your-write seen in CI). Waiting when caught up is free.
         if not rt.runner.running:
             raise
-    caught_up(rt)
+    projected(rt)
     return fn(*args)
 
 
@@ -68,26 +125,21 @@ def history(rt: EmbeddedRuntime, tenant: str, conversation_id: str, user_id: str
     return rt.queries.history(tenant, conversation_id, user_id, after_seq, limit)
 
 
-def delivery(rt: EmbeddedRuntime, tenant: str, conversation_id: str, seq: int) -> dict[str, Any]:
+def delivery(
+    rt: EmbeddedRuntime, tenant: str, conversation_id: str, seq: int, min_position: int | None = None
+) -> dict[str, Any]:
+    fresh(rt, min_position)
     check_seq_exists(rt, tenant, conversation_id, seq, "seq")
     try:
         return rt.queries.delivery(tenant, conversation_id, seq)
     except NotFound:
-        # Accepted but not projected yet: materialized_at stays null until it is.
-        return {
-            "conversation_id": conversation_id,
-            "conversation_seq": seq,
-            "message_id": None,
-            "write_policy": None,
-            "member_count": None,
-            "body_writes": None,
-            "body_bytes": None,
-            "head_writes": None,
-            "shards": None,
-            "mailbox_entries": None,
-            "online_pushes": None,
-            "materialized_at": None,
-        }
+        pass
+    # Accepted, not projected yet: state pending, what the command side knows (its
+    # MessageSent, read from the event store), materialized_at null until it is.
+    sent = rt.app.sent_message(tenant, conversation_id, seq)
+    if sent is None:  # the seq exists (checked above), so its event does
+        raise NotFound(f"message {seq} of {conversation_id} not found", conversation_seq=seq)
+    return rt.queries.pending_delivery(conversation_id, sent)
 
 
 def conversation_sessions(rt: EmbeddedRuntime, tenant: str, user_id: str, conversation_id: str) -> dict[str, Any]:
@@ -101,7 +153,7 @@ def conversation_sessions(rt: EmbeddedRuntime, tenant: str, user_id: str, conver
 def rebuild(rt: EmbeddedRuntime, tenant: str, conversation_id: str, user_id: str) -> dict[str, Any]:
     """REBUILD, then the conversation's fresh session item once it is projected."""
     result = rt.app.request_rebuild(tenant, conversation_id, user_id)
-    rt.wait_projected(timeout=10.0)
+    projected(rt, result["position"], REBUILD_TIMEOUT)
     return {**result, **conversation_sessions(rt, tenant, user_id, conversation_id)}
 
 
@@ -109,8 +161,11 @@ def review(rt: EmbeddedRuntime, tenant: str, review_id: str) -> dict[str, Any]:
     return review_dict(rt.app.review(tenant, review_id))  # app.review takes the command lock
 
 
-def review_list(rt: EmbeddedRuntime, tenant: str) -> list[dict[str, Any]]:
-    caught_up(rt)
+def review_list(rt: EmbeddedRuntime, tenant: str, min_position: int | None = None) -> list[dict[str, Any]]:
+    if min_position is None:
+        projected(rt)
+    else:
+        fresh(rt, min_position)
     return list(rt.views.reviews(tenant))
 
 
@@ -147,6 +202,7 @@ def projections(rt: EmbeddedRuntime) -> dict[str, Any]:
     return {
         "log_position": log_position,
         "running": rt.runner.running,
+        "waiting_reads": waiting_reads(rt),
         "projections": [
             {
                 "name": name,
@@ -174,6 +230,29 @@ def seq_param(request: web.Request, name: str = "seq") -> int:
 
 def reply(data: Any, status: int = 200) -> web.Response:
     return json_response(data, status=status)  # strict JSON: never NaN / Infinity
+
+
+def written(result: dict[str, Any], status: int = 200) -> web.Response:
+    """A write's answer: its log position in the body (`position`) and in X-Fanout-Position."""
+    return json_response(result, status=status, headers={POSITION_HEADER: str(result["position"])})
+
+
+def min_position(request: web.Request, data: Any) -> int | None:
+    """min_position from the query (validated by its model) or X-Fanout-Min-Position;
+    both given: the larger."""
+    query = getattr(data, "min_position", None)
+    header = request.headers.get(MIN_POSITION_HEADER)
+    if header is None:
+        return query
+    try:
+        value = int(header.strip())
+    except ValueError:
+        value = -1
+    if not 0 <= value <= INT64_MAX:
+        raise InvalidArgument(
+            f"{MIN_POSITION_HEADER} must be a log position (an integer from 0 to {INT64_MAX})", field=MIN_POSITION_HEADER
+        )
+    return value if query is None else max(value, query)
 
 
 # -- operations ------------------------------------------------------------------
@@ -215,21 +294,21 @@ async def create_conversation(request: web.Request, who: Claims, data: schemas.C
     result = await blocking(
         request.app, rt.app.create_conversation, who.tenant, data.conversation_id, data.title, data.members
     )
-    return reply(result, status=201)
+    return written(result, status=201)
 
 
 @endpoint("Add members (bulk)", roles=SERVICE, body=schemas.AddMembers)
 async def add_members(request: web.Request, who: Claims, data: schemas.AddMembers) -> web.Response:
     rt = request.app[RUNTIME]
     cid = request.match_info["cid"]
-    return reply(await blocking(request.app, rt.app.add_members, who.tenant, cid, data.user_ids))
+    return written(await blocking(request.app, rt.app.add_members, who.tenant, cid, data.user_ids))
 
 
 @endpoint("Remove a member", roles=SERVICE)
 async def remove_member(request: web.Request, who: Claims, data: None) -> web.Response:
     rt = request.app[RUNTIME]
     cid, uid = request.match_info["cid"], request.match_info["uid"]
-    return reply(await blocking(request.app, rt.app.remove_member, who.tenant, cid, uid))
+    return written(await blocking(request.app, rt.app.remove_member, who.tenant, cid, uid))
 
 
 @endpoint(
@@ -259,25 +338,35 @@ async def send_message(request: web.Request, who: Claims, data: schemas.SendMess
     )
     request.app[METRICS].send_seconds.observe(time.perf_counter() - started)
     duplicate = bool(result.pop("duplicate", False))
-    return reply(result, status=200 if duplicate else 201)
+    return written(result, status=200 if duplicate else 201)
 
 
-@endpoint("The conversation's head", roles=SERVICE)
-async def get_conversation(request: web.Request, who: Claims, data: None) -> web.Response:
+@endpoint("The conversation's head", roles=SERVICE, query=schemas.FreshQuery, errors=(503,))
+async def get_conversation(request: web.Request, who: Claims, data: schemas.FreshQuery) -> web.Response:
     rt = request.app[RUNTIME]
     cid = request.match_info["cid"]
+    at = min_position(request, data)
+    if at is not None:
+        return reply(await blocking(request.app, fresh_read, rt, at, rt.queries.head, who.tenant, cid))
     return reply(await blocking(request.app, read_through, rt, rt.queries.head, who.tenant, cid))
 
 
 @endpoint(
     "The delivery (cost) record of one message",
     roles=SERVICE,
-    description="materialized_at is null until every mailbox entry of the message is durable; poll it.",
+    query=schemas.FreshQuery,
+    errors=(503,),
+    description=(
+        "state is pending until the views have applied the message: message_id, write_policy, member_count, "
+        "conversation_seq and mailbox_entries (the entries it will create) are known at once, the rest is null. "
+        "Then state is materialized, once every mailbox entry of the message is durable (materialized_at set); "
+        "poll it, or pass the send's position as min_position."
+    ),
 )
-async def get_delivery(request: web.Request, who: Claims, data: None) -> web.Response:
+async def get_delivery(request: web.Request, who: Claims, data: schemas.FreshQuery) -> web.Response:
     rt = request.app[RUNTIME]
     cid, seq = request.match_info["cid"], seq_param(request)
-    return reply(await blocking(request.app, delivery, rt, who.tenant, cid, seq))
+    return reply(await blocking(request.app, delivery, rt, who.tenant, cid, seq, min_position(request, data)))
 
 
 # -- admin role ---------------------------------------------------------------------
@@ -289,13 +378,14 @@ async def open_review(request: web.Request, who: Claims, data: schemas.OpenRevie
     result = await blocking(
         request.app, rt.app.open_review, who.tenant, data.size_bucket, data.trigger, data.details, who.sub
     )
-    return reply(result, status=201)
+    return written(result, status=201)
 
 
-@endpoint("List the tenant's reviews", roles=ADMIN)
-async def list_reviews(request: web.Request, who: Claims, data: None) -> web.Response:
+@endpoint("List the tenant's reviews", roles=ADMIN, query=schemas.FreshQuery, errors=(503,))
+async def list_reviews(request: web.Request, who: Claims, data: schemas.FreshQuery) -> web.Response:
     rt = request.app[RUNTIME]
-    return reply({"reviews": await blocking(request.app, review_list, rt, who.tenant)})
+    at = min_position(request, data)
+    return reply({"reviews": await blocking(request.app, review_list, rt, who.tenant, at)})
 
 
 @endpoint("One review", roles=ADMIN)
@@ -318,7 +408,7 @@ async def decide_review(request: web.Request, who: Claims, data: schemas.DecideR
         read_diffusion_max_active_ratio=data.read_diffusion_max_active_ratio,
         note=data.note,
     )
-    return reply(result)
+    return written(result)
 
 
 @endpoint("The tenant's tiers (one per size bucket)", roles=ADMIN)
@@ -337,12 +427,19 @@ async def roll_back_tier(request: web.Request, who: Claims, data: schemas.RollBa
     bucket = request.match_info["size_bucket"]
     if bucket not in {b.value for b in SizeBucket}:
         raise InvalidArgument(f"size_bucket must be one of {[b.value for b in SizeBucket]}", field="size_bucket")
-    return reply(await blocking(request.app, rt.app.roll_back_tier, who.tenant, bucket, who.sub, data.reason))
+    return written(await blocking(request.app, rt.app.roll_back_tier, who.tenant, bucket, who.sub, data.reason))
 
 
-@endpoint("Capacity: fan-out entries/s, budget use, T1/T2 state, alpha per size bucket", roles=ADMIN)
-async def get_capacity(request: web.Request, who: Claims, data: None) -> web.Response:
-    return reply(await blocking(request.app, capacity, request.app[RUNTIME], who.tenant))
+@endpoint(
+    "Capacity: fan-out entries/s, budget use, T1/T2 state, alpha per size bucket",
+    roles=ADMIN,
+    query=schemas.FreshQuery,
+    errors=(503,),
+)
+async def get_capacity(request: web.Request, who: Claims, data: schemas.FreshQuery) -> web.Response:
+    rt = request.app[RUNTIME]
+    at = min_position(request, data)
+    return reply(await blocking(request.app, fresh_read, rt, at, capacity, rt, who.tenant))
 
 
 @endpoint("Each projector's position, the log position, lag and last error", roles=ADMIN)
@@ -353,39 +450,63 @@ async def get_projections(request: web.Request, who: Claims, data: None) -> web.
 # -- user role ------------------------------------------------------------------------
 
 
-@endpoint("My session list: the items of SESSION_LIST_BATCH", roles=USER)
-async def my_sessions(request: web.Request, who: Claims, data: None) -> web.Response:
+@endpoint("My session list: the items of SESSION_LIST_BATCH", roles=USER, query=schemas.FreshQuery, errors=(503,))
+async def my_sessions(request: web.Request, who: Claims, data: schemas.FreshQuery) -> web.Response:
     rt = request.app[RUNTIME]
-    sessions, big = await blocking(request.app, rt.queries.session_list, who.tenant, who.sub)
+    at = min_position(request, data)
+    sessions, big = await blocking(request.app, fresh_read, rt, at, rt.queries.session_list, who.tenant, who.sub)
     return reply({"sessions": sessions, "big_group_heads": big})
 
 
-@endpoint("My mailbox, by cursor (never skips an entry)", roles=USER, query=schemas.MailboxQuery)
+@endpoint("My mailbox, by cursor (never skips an entry)", roles=USER, query=schemas.MailboxQuery, errors=(503,))
 async def my_mailbox(request: web.Request, who: Claims, data: schemas.MailboxQuery) -> web.Response:
     rt = request.app[RUNTIME]
-    return reply(await blocking(request.app, rt.queries.mailbox, who.tenant, who.sub, data.after, data.limit))
+    at = min_position(request, data)
+    return reply(
+        await blocking(request.app, fresh_read, rt, at, rt.queries.mailbox, who.tenant, who.sub, data.after, data.limit)
+    )
 
 
-@endpoint("MARK_READ", roles=USER, body=schemas.MarkRead)
+USER_COMMAND = (
+    " Gated per user (FANOUT_PER_USER_COMMAND_RATE, FANOUT_PER_USER_COMMAND_BURST, shared with REBUILD and the "
+    "WebSocket): over it, 429 RATE_LIMITED with Retry-After and details.gate = per_user_command_rate."
+)
+
+
+@endpoint(
+    "MARK_READ",
+    roles=USER,
+    body=schemas.MarkRead,
+    errors=(429,),
+    description=(
+        "A MARK_READ that changes nothing (read_seq not ahead of the current read seq and activity recorded "
+        "recently, ADR-0009) writes no event, is not charged to the gate, and answers coalesced: true with the "
+        "current read_seq." + USER_COMMAND
+    ),
+)
 async def mark_read(request: web.Request, who: Claims, data: schemas.MarkRead) -> web.Response:
     rt = request.app[RUNTIME]
     cid = request.match_info["cid"]
-    return reply(await blocking(request.app, rt.app.mark_read, who.tenant, cid, who.sub, data.read_seq))
+    return written(await blocking(request.app, rt.app.mark_read, who.tenant, cid, who.sub, data.read_seq))
 
 
-@endpoint("PULL_HISTORY: messages after after_seq", roles=USER, query=schemas.HistoryQuery)
+@endpoint("PULL_HISTORY: messages after after_seq", roles=USER, query=schemas.HistoryQuery, errors=(503,))
 async def my_history(request: web.Request, who: Claims, data: schemas.HistoryQuery) -> web.Response:
     rt = request.app[RUNTIME]
     cid = request.match_info["cid"]
-    return reply(await blocking(request.app, history, rt, who.tenant, cid, who.sub, data.after_seq, data.limit))
+    at = min_position(request, data)
+    return reply(
+        await blocking(request.app, fresh_read, rt, at, history, rt, who.tenant, cid, who.sub, data.after_seq, data.limit)
+    )
 
 
 @endpoint(
     "REBUILD my state of a conversation",
     roles=USER,
-    description="Returns once rebuilt, with the conversation's fresh sessions[] / big_group_heads[] items.",
+    errors=(429,),
+    description="Returns once rebuilt, with the conversation's fresh sessions[] / big_group_heads[] items." + USER_COMMAND,
 )
 async def my_rebuild(request: web.Request, who: Claims, data: None) -> web.Response:
     rt = request.app[RUNTIME]
     cid = request.match_info["cid"]
-    return reply(await blocking(request.app, rebuild, rt, who.tenant, cid, who.sub))
+    return written(await blocking(request.app, rebuild, rt, who.tenant, cid, who.sub))

@@ -20,9 +20,9 @@ from pydantic import ValidationError
 from api import schemas
 from api.endpoint import USER, Spec, authorize, parse_json, validation_details
 from api.errors import error_response
-from api.keys import MAX_BODY_BYTES, MAX_CONNECTIONS, RUNTIME, SECRET, SOCKETS, blocking
-from api.views import conversation_sessions, history
-from domain.errors import FanoutError, InvalidArgument, Unavailable
+from api.keys import MAX_BODY_BYTES, MAX_CONNECTIONS, METRICS, RUNTIME, SECRET, SOCKETS, blocking
+from api.views import REBUILD_TIMEOUT, conversation_sessions, history, projected
+from domain.errors import FanoutError, InvalidArgument, RateLimited, Unavailable
 from fanout import strict_json
 from fanout.overload import Throttled, storage_unavailable
 from fanout.push import Connection
@@ -199,10 +199,12 @@ async def handle(app: web.Application, claims: Claims, raw: str, emit: Emit) -> 
         else:
             result = await blocking(app, rt.app.request_rebuild, tenant, frame.conversation_id, user)
             emit({"type": "REBUILD_OK", **result})
-            await blocking(app, rt.wait_projected, 10.0)
+            await blocking(app, projected, rt, result["position"], REBUILD_TIMEOUT)
             fresh = await blocking(app, conversation_sessions, rt, tenant, user, frame.conversation_id)
             emit({"type": "SESSION_LIST_BATCH", **fresh, "last": True})
     except FanoutError as error:
+        if isinstance(error, RateLimited):  # the per-user command gate, as on HTTP
+            app[METRICS].rejected(error)
         emit(error_frame(error))
     except Exception:
         log.exception("frame failed for %s/%s", tenant, user)
