@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import socket
 import weakref
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -108,9 +109,53 @@ def create_app(runtime: EmbeddedRuntime, secret: str, *, metrics: Metrics | None
     return app
 
 
-def run(runtime: EmbeddedRuntime, secret: str, host: str = "127.0.0.1", port: int = 8080) -> None:
-    """Serve until SIGINT/SIGTERM (`fanout serve`). Starts the runtime's projectors if they
-    are not running; closing the runtime stays with the caller (`with EmbeddedRuntime(...)`)."""
+class CannotListen(OSError):
+    """The address cannot be listened on (in use, not ours, no such host): one line for the CLI."""
+
+
+def listen(host: str, port: int, backlog: int = 128) -> list[socket.socket]:
+    """Bind and listen on every address of host:port, before anything says "serving"
+    (`fanout serve` binds first, so a port in use is one line of error, not a traceback
+    after a start-up banner). Options as asyncio's create_server sets them."""
+    where = f"{host}:{port}"
+    if not 0 <= port <= 65535:
+        raise CannotListen(f"cannot listen on {where}: the port must be 0 to 65535")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise CannotListen(f"cannot listen on {where}: {exc.strerror or exc}") from None
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        reason = "the address is in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        raise CannotListen(f"cannot listen on {where}: {reason}") from None
+    return sockets
+
+
+def run(
+    runtime: EmbeddedRuntime,
+    secret: str,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    *,
+    sockets: list[socket.socket] | None = None,
+) -> None:
+    """Serve until SIGINT/SIGTERM (`fanout serve`) on `sockets` (from `listen`), or on
+    host:port bound here. Starts the runtime's projectors if they are not running; closing
+    the runtime stays with the caller (`with EmbeddedRuntime(...)`)."""
+    if sockets is None:
+        sockets = listen(host, port)
     if not runtime.runner.running:
         runtime.start()
     before, after = raise_fd_limit()
@@ -118,8 +163,7 @@ def run(runtime: EmbeddedRuntime, secret: str, host: str = "127.0.0.1", port: in
         print(f"fanout: open-file limit raised from {before} to {after}", flush=True)
     web.run_app(
         create_app(runtime, secret),
-        host=host,
-        port=port,
+        sock=sockets,
         print=lambda _: log.info("fanout API on http://%s:%s (data dir %s)", host, port, runtime.data_dir),
         access_log=None,
     )

@@ -30,28 +30,43 @@ class CliError(RuntimeError):
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
-    from api.app import run
+    from api.app import CannotListen, listen, run
     from fanout.runtime import EmbeddedRuntime
     from fanout.security import load_or_create_secret
+
+    # Bind first: a port in use is one line and exit 2, before the data dir is opened
+    # and before anything claims to be serving.
+    try:
+        sockets = listen(args.host, args.port)
+    except CannotListen as exc:
+        raise CliError(str(exc)) from None
+    port = sockets[0].getsockname()[1]  # the real one when --port 0
 
     def stop(signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt  # unwinds into the finally below; the server also stops on it
 
     signal.signal(signal.SIGTERM, stop)
-    runtime = EmbeddedRuntime(data_dir, settings.params)
+    try:
+        runtime = EmbeddedRuntime(data_dir, settings.params)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
     try:
         secret = load_or_create_secret(data_dir, settings.secret)
         runtime.start()
-        print(f"fanout: serving http://{args.host}:{args.port} (data dir {data_dir}, log position "
+        print(f"fanout: serving http://{args.host}:{port} (data dir {data_dir}, log position "
               f"{runtime.runner.log_position()})", flush=True)  # fmt: skip
         print(
             f"fanout: mint a token with: fanout token --data-dir {data_dir} --tenant TENANT --role service --sub my-service",
             flush=True,
         )
-        run(runtime, secret, args.host, args.port)
+        run(runtime, secret, args.host, port, sockets=sockets)
     except KeyboardInterrupt:
         pass
     finally:
+        for sock in sockets:
+            sock.close()
         runtime.close()
         print("fanout: stopped", file=sys.stderr, flush=True)
     return 0

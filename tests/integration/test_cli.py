@@ -313,3 +313,27 @@ def test_serve_answers_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     lock.release()
     r = fanout("token", "--tenant", "a", "--role", "user", "--sub", "u", "--data-dir", str(data_dir))
     assert r.returncode == 0 and r.stdout.count(".") == 2
+
+
+def test_serve_on_a_port_in_use_is_one_line_naming_it_and_exit_2(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = fanout("serve", "--data-dir", str(tmp_path / "data"), "--port", str(port), timeout=60)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout
+    assert "serving" not in r.stdout, r.stdout  # nothing claims to serve before the bind
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("fanout: error:") and f"127.0.0.1:{port}" in lines[0], lines[0]
+    assert "in use" in lines[0], lines[0]
+    assert not (tmp_path / "data").exists()  # bound before the data dir was opened (or created)
+
+
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_serve_on_an_impossible_port_is_one_line(tmp_path: Path, port: str) -> None:
+    r = fanout("serve", "--data-dir", str(tmp_path / "data"), "--port", port, timeout=60)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert port in r.stderr
