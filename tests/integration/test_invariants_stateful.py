@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from domain.conversation import Conversation
+from domain.conversation import READ_ACTIVITY_REFRESH, Conversation
 from domain.delivery import ANNOUNCEMENT, MENTION, MENTION_ALL, OWN, REPLY
 from domain.errors import (
     AlreadyExists,
@@ -62,6 +62,9 @@ PARAMS = Parameters(
     activity_window=WINDOW,
     policy_switch_min_interval=MIN_INTERVAL,
     mailbox_shards=4,
+    # The per-user command gate has its own tests; here it must not refuse a MARK_READ.
+    per_user_command_rate=Rate(1000, 1.0),
+    per_user_command_burst=1000.0,
 )
 
 
@@ -641,9 +644,15 @@ class FanoutMachine(RuleBasedStateMachine):
         if data.draw(st.booleans(), label="latest held?"):
             seq = max(client.held[cid])
         c = self.model.convs[cid]
-        self.h.app.mark_read(T, cid, user, seq)
+        self.fresh()  # coalescing compares with the read seq the views show
+        out = self.h.app.mark_read(T, cid, user, seq)
+        # A MARK_READ that changes nothing (not ahead, activity recent) is coalesced (ADR-0009).
+        last = c.members[user]
+        coalesced = seq <= c.read[user] and last > 0.0 and self.now - last < WINDOW * READ_ACTIVITY_REFRESH
+        assert out["coalesced"] is coalesced, (out, c.read[user], last, self.now)
         c.read[user] = max(c.read[user], seq)
-        c.members[user] = self.now  # MARK_READ is activity
+        if not coalesced:
+            c.members[user] = self.now  # MARK_READ is activity
         self.settle()
         if seq == c.latest and not self.lag:
             item = self.session(user, cid)
