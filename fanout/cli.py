@@ -7,7 +7,6 @@ prints one line `fanout: error: ...` and exits 2."""
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 from pathlib import Path
@@ -24,6 +23,16 @@ PROG = "fanout"
 
 class CliError(RuntimeError):
     """A failure the user can fix: printed as one line, exit 2."""
+
+
+def strict_dumps(value: Any, **kwargs: Any) -> str:
+    """JSON the CLI prints: strict (a NaN or Infinity is an error, never invalid JSON)."""
+    from fanout import strict_json
+
+    try:
+        return strict_json.dumps(value, **kwargs)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
 
 
 # -- commands ---------------------------------------------------------------------
@@ -101,12 +110,9 @@ def cmd_replay(args: argparse.Namespace, settings: Settings, data_dir: Path) -> 
     except ValueError as exc:
         raise CliError(str(exc)) from None
     progress = not args.quiet and sys.stderr.isatty()
-    try:
-        if args.out in (None, "-"):
-            n = replay(data_dir, settings.params, filters, sys.stdout, progress=progress)
-        else:
-            with open(args.out, "w", encoding="utf-8") as out:
-                n = replay(data_dir, settings.params, filters, out, progress=progress)
+    try:  # the file is opened once the filters are checked: a typo leaves it alone
+        out = sys.stdout if args.out in (None, "-") else Path(args.out)
+        n = replay(data_dir, settings.params, filters, out, progress=progress)
     except ReplayError as exc:
         raise CliError(str(exc)) from None
     if not args.quiet:
@@ -165,7 +171,7 @@ def cmd_analyze(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
             if args.png:
                 analyze.plot_capacity(report, Path(args.png))  # draws, or refuses with exit 2
             if args.json:
-                print(json.dumps(report, indent=2))
+                print(strict_dumps(report, indent=2))
             else:
                 analyze.print_capacity(report, sys.stdout)
             if args.png:
@@ -187,7 +193,7 @@ def cmd_analyze(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
     except (analyze.AnalyzeError, ValueError) as exc:
         raise CliError(str(exc)) from None
     if args.json:
-        print(json.dumps(report, indent=2, default=str))
+        print(strict_dumps(report, indent=2, default=str))
     else:
         analyze.print_alpha(report, sys.stdout)
     if args.png:
@@ -295,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Stream every event of the log as one JSON line: position, type (e.g. Conversation.MessageSent), "
         "originator_id, version, timestamp (UTC, when recorded), tenant and conversation_id where they apply, "
         "and the event's attributes. Runs beside `fanout serve` (no lock, nothing written). "
-        "Filters combine with AND.",
+        "Filters combine with AND; an unknown event type, or a tenant or conversation not in the log, is an error "
+        "(exit 2) listing what there is.",
         "fanout replay --since 2026-08-14T00:00:00Z --type MessageSent --tenant acme --out - | jq .seq",
     )
     p.add_argument("--out", metavar="FILE", default="-", help="output file, or - for stdout (default)")

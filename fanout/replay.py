@@ -7,24 +7,38 @@ conversation_id where they apply, then the event's own attributes.
 Reads the event store without the data-dir lock (it runs beside `fanout serve`):
 it builds a FanoutApplication directly over the SQLite event store and pages
 through `select_notifications`; nothing is written. The replay stops at the log
-position it saw when it started."""
+position it saw when it started.
+
+Filters name things that must exist: an unknown event type, or a tenant or conversation
+that is not in the log, is a ReplayError listing what there is (a typo is not "0 events").
+Lines are strict JSON: a NaN or Infinity stored in the log stops the replay with an error
+naming the event instead of writing a line no strict parser reads."""
 
 from __future__ import annotations
 
-import json
+import difflib
 import sqlite3
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 from uuid import UUID
 
+from eventsourcing.domain import Aggregate
+from eventsourcing.utils import get_topic
+
 from domain.conversation import Conversation
 from domain.params import Parameters
+from domain.quota import TenantQuota
+from domain.tier import Review, Tier
+from fanout import strict_json
 
 PAGE = 1000
+AGGREGATES: tuple[type[Aggregate], ...] = (Conversation, Review, Tier, TenantQuota)
+SHOWN = 10  # names listed in an error before "(and N more)"
+_BASE_FIELDS = set(Aggregate.Created.__dataclass_fields__)
 _SKIP = {"originator_id", "originator_version", "timestamp", "originator_topic"}
 
 
@@ -44,6 +58,89 @@ class Filters:
     def type_matches(self, qualname: str) -> bool:
         # "MessageSent" or "Conversation.MessageSent"
         return not self.types or qualname in self.types or qualname.rsplit(".", 1)[-1] in self.types
+
+
+def event_types() -> dict[str, type[Aggregate.Event]]:
+    """Every event type the log can hold, by qualified name (Conversation.MessageSent)."""
+    types: dict[str, type[Aggregate.Event]] = {}
+    for aggregate in AGGREGATES:
+        for name, value in vars(aggregate).items():
+            if name == "Event" or not isinstance(value, type) or not issubclass(value, Aggregate.Event):
+                continue
+            if issubclass(value, Aggregate.Created) and not set(value.__dataclass_fields__) - _BASE_FIELDS:
+                continue  # the empty Created eventsourcing adds when another event creates (Review.Opened)
+            types[value.__qualname__] = value
+    return dict(sorted(types.items()))
+
+
+def listing(names: Iterable[str], shown: int = SHOWN) -> str:
+    """`a, b, c (and 12 more)`, sorted; `none` when empty."""
+    ordered = sorted(set(names))
+    if not ordered:
+        return "none"
+    text = ", ".join(ordered[:shown])
+    return text + (f" (and {len(ordered) - shown} more)" if len(ordered) > shown else "")
+
+
+def _did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def check_types(types: Iterable[str]) -> None:
+    """Every name is an event type, qualified (Conversation.MessageSent) or short (MessageSent)."""
+    known = event_types()
+    short = {q.rsplit(".", 1)[-1] for q in known}
+    unknown = sorted(t for t in set(types) if t not in known and t not in short)
+    if unknown:
+        hints = "".join(_did_you_mean(t, short | set(known)) for t in unknown)
+        raise ReplayError(
+            f"unknown event type {', '.join(repr(t) for t in unknown)}{hints}; "
+            f"the event types are {listing(known, shown=len(known))}"
+        )
+
+
+def log_scopes(app: Any) -> dict[str, set[str]]:
+    """tenant -> its conversation ids, from the creation events in the log (only those
+    topics are read: a scan of the creation events, not of every message)."""
+    topics = [get_topic(Conversation.Created), get_topic(Review.Opened), get_topic(Tier.Created)]
+    topics.append(get_topic(TenantQuota.Created))
+    scopes: dict[str, set[str]] = {}
+    position = 1
+    while True:
+        notes = app.recorder.select_notifications(start=position, limit=PAGE, topics=topics, inclusive_of_start=True)
+        if not notes:
+            return scopes
+        for note in notes:
+            event = app.mapper.to_domain_event(note)
+            tenant = getattr(event, "tenant", None)
+            if isinstance(tenant, str):
+                conversations = scopes.setdefault(tenant, set())
+                if isinstance(event, Conversation.Created):
+                    conversations.add(event.conversation_id)
+        position = notes[-1].id + 1
+
+
+def check_scope(app: Any, f: Filters) -> None:
+    """--tenant and --conversation name a tenant / conversation that is in the log."""
+    if f.tenant is None and f.conversation_id is None:
+        return
+    scopes = log_scopes(app)
+    if f.tenant is not None and f.tenant not in scopes:
+        raise ReplayError(
+            f"no tenant {f.tenant!r} in the log{_did_you_mean(f.tenant, scopes)}; its tenants are {listing(scopes)}"
+        )
+    if f.conversation_id is None:
+        return
+    if f.tenant is not None:
+        conversations, where = scopes[f.tenant], f" of tenant {f.tenant!r}"
+    else:
+        conversations, where = {c for cs in scopes.values() for c in cs}, ""
+    if f.conversation_id not in conversations:
+        raise ReplayError(
+            f"no conversation {f.conversation_id!r}{where} in the log{_did_you_mean(f.conversation_id, conversations)}; "
+            f"its conversations{where} are {listing(conversations)}"
+        )
 
 
 def parse_time(text: str) -> datetime:
@@ -194,24 +291,43 @@ def replay(
     data_dir: Path,
     params: Parameters,
     filters: Filters,
-    out: TextIO,
+    out: TextIO | Path,
     *,
     progress: bool = True,
     err: TextIO = sys.stderr,
 ) -> int:
-    """Write the JSONL lines to `out`; returns how many were written."""
-    from tqdm import tqdm
-
+    """Write the JSONL lines to `out` (a stream, or a file opened once the filters are
+    known to name things that exist); returns how many were written."""
+    check_types(filters.types)
     app = open_app(Path(data_dir), params)
     try:
-        top = app.recorder.max_notification_id() or 0
-        total = max(0, top - max(1, filters.from_position) + 1)
-        with tqdm(total=total, unit="ev", file=err, disable=not progress, desc="replay") as bar:
-            n = 0
-            for line in events(app, Path(data_dir), filters, bar.update):
-                out.write(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n")
-                n += 1
-        out.flush()
-        return n
+        check_scope(app, filters)
+        if isinstance(out, Path):
+            with open(out, "w", encoding="utf-8") as stream:
+                return _write(app, Path(data_dir), filters, stream, progress, err)
+        return _write(app, Path(data_dir), filters, out, progress, err)
     finally:
         app.close()
+
+
+def _write(app: Any, data_dir: Path, filters: Filters, out: TextIO, progress: bool, err: TextIO) -> int:
+    from tqdm import tqdm
+
+    top = app.recorder.max_notification_id() or 0
+    total = max(0, top - max(1, filters.from_position) + 1)
+    with tqdm(total=total, unit="ev", file=err, disable=not progress, desc="replay") as bar:
+        n = 0
+        for line in events(app, data_dir, filters, bar.update):
+            try:
+                text = strict_json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
+                text.encode("utf-8")  # a lone surrogate: no UTF-8 line can hold it
+            except ValueError as exc:
+                out.flush()
+                raise ReplayError(
+                    f"event at position {line['position']} ({line['type']}) cannot be written as strict JSON "
+                    f"({exc}); {n} lines written before it"
+                ) from None
+            out.write(text)
+            n += 1
+    out.flush()
+    return n

@@ -19,6 +19,7 @@ import pytest
 
 from domain.params import Parameters
 from fanout.demo import run_demo
+from fanout.replay import event_types
 from fanout.runtime import DataDirLock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -177,8 +178,8 @@ def test_replay_filters_by_type_conversation_and_tenant(scenario: Path) -> None:
     assert {x["conversation_id"] for x in lines} == {"all-hands"}
     assert [x["seq"] for x in lines if x["type"] == "Conversation.MessageSent"] == list(range(1, 10))
 
-    other = jsonl(fanout("replay", "--data-dir", str(scenario), "-q", "--tenant", "nobody").stdout)
-    assert other == []
+    other = fanout("replay", "--data-dir", str(scenario), "-q", "--tenant", "nobody")
+    assert other.returncode == 2 and other.stdout == ""  # an unknown tenant is an error, not 0 events
 
 
 def test_replay_filters_by_time_and_position_and_writes_a_file(scenario: Path, tmp_path: Path) -> None:
@@ -223,6 +224,72 @@ def test_replay_runs_while_the_data_dir_is_locked(scenario: Path) -> None:
 def test_replay_rejects_a_bad_time(scenario: Path) -> None:
     r = fanout("replay", "--data-dir", str(scenario), "--since", "yesterday")
     assert r.returncode == 2 and "yesterday" in r.stderr
+
+
+def one_error_line(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode == 2, (r.returncode, r.stdout[:300], r.stderr)
+    assert r.stdout == "" and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fanout: error:"), r.stderr
+    return lines[0]
+
+
+def test_replay_of_an_unknown_event_type_is_an_error_listing_the_types(scenario: Path, tmp_path: Path) -> None:
+    out = tmp_path / "events.jsonl"
+    line = one_error_line(fanout("replay", "--data-dir", str(scenario), "--type", "MessageSend", "--out", str(out)))
+    assert "MessageSend" in line and "Conversation.MessageSent" in line and "Tier.RolledBack" in line
+    assert "did you mean MessageSent" in line
+    assert not out.exists()  # refused before anything is written
+    # one bad name among good ones is still an error; qualified and short names both work
+    line = one_error_line(fanout("replay", "--data-dir", str(scenario), "--type", "MessageSent,Conversation.Nope"))
+    assert "Conversation.Nope" in line
+    r = fanout("replay", "--data-dir", str(scenario), "-q", "--type", "Review.Decided,RolledBack")
+    assert r.returncode == 0 and {x["type"] for x in jsonl(r.stdout)} == {"Review.Decided", "Tier.RolledBack"}
+    # the listed types are the ones the log holds
+    logged = {x["type"] for x in jsonl(fanout("replay", "--data-dir", str(scenario), "-q").stdout)}
+    assert logged <= set(event_types())
+
+
+def test_replay_of_an_unknown_tenant_is_an_error_listing_the_tenants(scenario: Path) -> None:
+    line = one_error_line(fanout("replay", "--data-dir", str(scenario), "--tenant", "nobody"))
+    assert "nobody" in line and "demo" in line
+
+
+def test_replay_of_an_unknown_conversation_is_an_error_listing_the_conversations(scenario: Path) -> None:
+    line = one_error_line(fanout("replay", "--data-dir", str(scenario), "--conversation", "all-hand"))
+    assert "all-hand" in line and "all-hands" in line
+    # known conversation, other tenant: not there either
+    line = one_error_line(fanout("replay", "--data-dir", str(scenario), "--conversation", "all-hands", "--tenant", "x"))
+    assert "tenant" in line and "demo" in line
+
+
+def test_replay_lists_at_most_a_few_names_and_says_how_many_more(tmp_path: Path) -> None:
+    from fanout.runtime import EmbeddedRuntime
+
+    data_dir = tmp_path / "data"
+    with EmbeddedRuntime(data_dir, Parameters()) as rt:
+        for i in range(30):
+            rt.app.create_conversation("acme", f"room-{i:02d}", "", ["ann"])
+    line = one_error_line(fanout("replay", "--data-dir", str(data_dir), "--conversation", "lobby"))
+    assert "room-00" in line and "room-29" not in line and "and 20 more" in line, line
+
+
+def test_replay_output_is_strict_json_or_a_clear_error(tmp_path: Path) -> None:
+    """A non-finite number stored in the log (possible before the API refused them) is an
+    error naming the event, never an `Infinity` in the JSONL."""
+    from fanout.runtime import EmbeddedRuntime
+
+    data_dir = tmp_path / "data"
+    with EmbeddedRuntime(data_dir, Parameters()) as rt:
+        rt.app.create_conversation("acme", "general", "", ["ann"])
+        rt.app.open_review("acme", "small", "manual", {"load": float("inf")}, "ops")
+    r = fanout("replay", "--data-dir", str(data_dir), "-q")
+    assert r.returncode == 2 and "Infinity" not in r.stdout, r.stdout
+    for line in r.stdout.splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"non-strict JSON: {c}"))
+    assert "Review.Opened" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = fanout("replay", "--data-dir", str(data_dir), "-q", "--type", "Conversation.Created")
+    assert r.returncode == 0 and len(jsonl(r.stdout)) == 1
 
 
 # -- analyze ----------------------------------------------------------------------------
