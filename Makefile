@@ -27,7 +27,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
 
 lint: $(STAMP)
-	$(BIN)/ruff check domain projections streams api fanout tests bench
+	$(BIN)/ruff check domain projections adapters streams fanout tools api cli tests bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from domain.identity import MAX_ID_LENGTH
-from domain.tier import DECISIONS, TRIGGERS
+from domain.review import DECISIONS, TRIGGERS
 from fanout.queries import MAX_PAGE
 from fanout.strict_json import INT64_MAX
 

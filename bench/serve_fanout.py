@@ -91,7 +91,7 @@ def main() -> None:
         "FANOUT_SECRET": "bench-secret-bench-secret-bench-secret",
     }
     server = subprocess.Popen(
-        [sys.executable, "-m", "fanout.cli", "serve", "--data-dir", str(root), "--port", str(port)],
+        [sys.executable, "-m", "cli.main", "serve", "--data-dir", str(root), "--port", str(port)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

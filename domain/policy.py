@@ -54,6 +54,16 @@ def equivalent_threshold(min_saving: float, alpha: float) -> float:
     return min_saving / (1.0 - alpha)
 
 
+def read_diffusion_saving(n: int, alpha: float) -> float:
+    """Mailbox entries per message that mention_only would not write: N x (1 - alpha)."""
+    return n * (1.0 - alpha)
+
+
+def meets_enter_criterion(n: int, alpha: float, min_saving: float, max_active_ratio: float) -> bool:
+    """The enter criterion (ADR supplement 1): N x (1 - alpha) > min_saving and alpha < max_active_ratio."""
+    return read_diffusion_saving(n, alpha) > min_saving and alpha < max_active_ratio
+
+
 def decide(
     policy: WritePolicy,
     tier: TierTerms,
@@ -74,8 +84,7 @@ def decide(
         return None
     max_ratio = tier.read_diffusion_max_active_ratio
     if policy is WritePolicy.ALWAYS:
-        # Enter: N x (1 - alpha) > min_saving and alpha < max_active_ratio (ADR supplement 1).
-        if tier.enabled and n * (1.0 - alpha) > tier.read_diffusion_min_saving and alpha < max_ratio:
+        if tier.enabled and meets_enter_criterion(n, alpha, tier.read_diffusion_min_saving, max_ratio):
             return Switch(WritePolicy.MENTION_ONLY, "alpha_criterion", alpha, n_eq)
         return None
     # Exit with hysteresis: N < 0.8 x N_eq, or alpha no longer below the ratio (supplement 3).

@@ -25,7 +25,8 @@ from domain.identity import check_tenant
 from domain.params import Parameters, SizeBucket, WritePolicy
 from domain.policy import DISABLED, TierTerms
 from domain.quota import TenantQuota
-from domain.tier import Review, Tier
+from domain.review import Review
+from domain.tier import Tier
 from fanout.gate import UserCommandGate
 from fanout.overload import storage_unavailable
 

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 from itertools import groupby
 from typing import Any
 
+from adapters.sqlite_views import SqliteViews
 from domain.conversation import Conversation
 from domain.delivery import MENTION_FLAGS
 from domain.errors import InvalidArgument, NotAMember, NotFound
 from domain.params import Parameters, SizeBucket
-from domain.policy import alpha_of, equivalent_threshold
-from projections.sqlite import SqliteViews
+from domain.policy import alpha_of, equivalent_threshold, meets_enter_criterion, read_diffusion_saving
 from projections.state import session_item
 
 SESSION_BATCH = 500
@@ -197,11 +197,10 @@ class Queries:
     @staticmethod
     def criterion(n: int, alpha: float, min_saving: float, max_active_ratio: float) -> dict[str, Any]:
         """The enter criterion of the ADR supplement for one conversation."""
-        n_eq = equivalent_threshold(min_saving, alpha)
         return {
-            "saving": n * (1 - alpha),
-            "n_eq": n_eq,
-            "meets": n * (1 - alpha) > min_saving and alpha < max_active_ratio,
+            "saving": read_diffusion_saving(n, alpha),
+            "n_eq": equivalent_threshold(min_saving, alpha),
+            "meets": meets_enter_criterion(n, alpha, min_saving, max_active_ratio),
         }
 
 

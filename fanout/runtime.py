@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from adapters.sqlite_views import SqliteViews
 from domain.params import Parameters
 from fanout.application import FanoutApplication
 from fanout.overload import Backpressure
@@ -18,7 +19,6 @@ from fanout.push import PushHub
 from fanout.queries import Queries
 from projections.capacity import ReviewTrigger
 from projections.delivery import Delivered
-from projections.sqlite import SqliteViews
 from streams.embedded import EmbeddedRunner
 
 
@@ -128,7 +128,7 @@ class EmbeddedRuntime:
         """(read_seq, views position) of a member: the position is read after the state,
         so the views at that position hold at least that read seq."""
         state = self.views.state(tenant, user_id, conversation_id)
-        return None if state is None else (int(state["read_seq"]), self.runner.position())
+        return None if state is None else (int(state["read_conversation_seq"]), self.runner.position())
 
     def _on_delivered(self, delivered: Sequence[Delivered]) -> None:
         for d in delivered:

@@ -19,10 +19,11 @@ from domain.conversation import Conversation
 from domain.delivery import ANNOUNCEMENT, MENTION_ALL, Targets, materialized_members
 from domain.params import Parameters, WritePolicy
 from domain.policy import is_active
-from domain.tier import Review, Tier
+from domain.review import Review
+from domain.tier import Tier
 from projections.ports import MessageRefs, ViewStore, ViewWriter
 from projections.sharding import shard_of
-from projections.state import MemberState
+from projections.state import UserConversationState
 
 PREVIEW_LENGTH = 80
 _LIST_VERSIONS = itertools.count(1)
@@ -33,7 +34,7 @@ class ConversationModel:
     tenant: str
     conversation_id: str
     head: dict[str, Any]
-    members: dict[str, MemberState] = field(default_factory=dict)
+    members: dict[str, UserConversationState] = field(default_factory=dict)
     broadcast_seqs: list[int] = field(default_factory=list)
     shards: dict[str, int] = field(default_factory=dict)  # user -> MailboxShard, cached
     skipping: set[str] = field(default_factory=set)  # members with an open gap
@@ -208,7 +209,7 @@ class DeliveryProjection:
     def _joined(self, e: Conversation.MembersJoined, position: int, w: ViewWriter) -> None:
         m = self._conv(e)
         base = m.broadcasts_upto(e.at_seq)
-        new = [(u, MemberState(read_seq=e.at_seq, joined_seq=e.at_seq, broadcast_base=base)) for u in e.user_ids]
+        new = [(u, UserConversationState(read_conversation_seq=e.at_seq, joined_seq=e.at_seq, broadcast_base=base)) for u in e.user_ids]
         for u, s in new:
             m.members[u] = s
         m.joined(e.user_ids, self.params.mailbox_shards)
@@ -283,7 +284,7 @@ class DeliveryProjection:
         gaps = self._gap_transitions(m, seq, e.at, e.sender, materialized)
         if gaps:
             w.put_gaps(tenant, cid, [(u, m.members[u]) for u in gaps])
-        changed: dict[str, MemberState] = {}
+        changed: dict[str, UserConversationState] = {}
         if sender_state is not None:
             # Sending marks the conversation read for the sender (ADR 0002).
             self._advance_read(m, sender_state, seq)
@@ -339,8 +340,8 @@ class DeliveryProjection:
             if u not in materialized:
                 if not s.skipping:
                     s.skipping = True
-                    if s.delivered_seq is None:
-                        s.delivered_seq = seq - 1
+                    if s.delivered_conversation_seq is None:
+                        s.delivered_conversation_seq = seq - 1
                     m.skipping.add(u)
                     changed.append(u)
             elif s.skipping and (u == sender or is_active(s.last_active, at, window)):
@@ -351,10 +352,10 @@ class DeliveryProjection:
                 changed.append(u)
         return changed
 
-    def _advance_read(self, m: ConversationModel, s: MemberState, read_seq: int) -> None:
-        if read_seq <= s.read_seq:
+    def _advance_read(self, m: ConversationModel, s: UserConversationState, read_seq: int) -> None:
+        if read_seq <= s.read_conversation_seq:
             return
-        s.read_seq = read_seq
+        s.read_conversation_seq = read_seq
         s.mention_seqs = [x for x in s.mention_seqs if x > read_seq]
         s.broadcast_base = m.broadcasts_upto(read_seq)
 
@@ -380,8 +381,8 @@ class DeliveryProjection:
         # Counts are recomputed from the log (mention seqs and broadcasts are
         # kept exactly); unread is exact as of at_seq. The gap stays flagged.
         s.rebuilt_seq = e.at_seq
-        s.mention_seqs = sorted(x for x in set(s.mention_seqs) if x > s.read_seq)
-        s.broadcast_base = m.broadcasts_upto(s.read_seq)
+        s.mention_seqs = sorted(x for x in set(s.mention_seqs) if x > s.read_conversation_seq)
+        s.broadcast_base = m.broadcasts_upto(s.read_conversation_seq)
         w.put_states(m.tenant, m.conversation_id, [(e.user_id, s)])
 
     @_process.register

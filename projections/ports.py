@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from projections.state import MemberState
+from projections.state import UserConversationState
 
 # (user_id, pos, conversation_seq, conversation_id, flags): one UserMailboxEntry
 MailboxEntry = tuple[str, int, int, str, int]
@@ -69,10 +69,10 @@ class ViewWriter(Protocol):
 
     def put_mailbox(self, tenant: str, refs: MessageRefs) -> None: ...
 
-    def put_states(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, MemberState]]) -> None: ...
+    def put_states(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]) -> None: ...
 
-    def put_gaps(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, MemberState]]) -> None:
-        """Update only delivered_seq, skipping and gap_end of existing rows."""
+    def put_gaps(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]) -> None:
+        """Update only delivered_conversation_seq, skipping and gap_end of existing rows."""
 
     def delete_state(self, tenant: str, conversation_id: str, user_id: str) -> None: ...
 
@@ -96,5 +96,5 @@ class ViewStore(Protocol):
     # reads used by projections at start-up
     def load_conversation(
         self, tenant: str, conversation_id: str
-    ) -> tuple[dict[str, Any] | None, dict[str, MemberState], list[int]]:
+    ) -> tuple[dict[str, Any] | None, dict[str, UserConversationState], list[int]]:
         """(head, member states, broadcast seqs)."""

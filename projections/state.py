@@ -13,24 +13,24 @@ from typing import Any
 
 
 @dataclass(slots=True)
-class MemberState:
-    read_seq: int
+class UserConversationState:
+    read_conversation_seq: int
     joined_seq: int
     last_active: float = 0.0
-    # Gap: the mailbox is complete up to delivered_seq; (delivered_seq, gap_end] may miss entries.
-    delivered_seq: int | None = None
+    # Gap: the mailbox is complete up to delivered_conversation_seq; (delivered_conversation_seq, gap_end] may miss entries.
+    delivered_conversation_seq: int | None = None
     skipping: bool = False  # currently skipped (gap open-ended to latest)
     gap_end: int | None = None
     rebuilt_seq: int = 0  # REBUILD recomputed counts as of this seq
-    mention_seqs: list[int] = field(default_factory=list)  # personal mentions/replies after read_seq
-    broadcast_base: int = 0  # broadcasts (@all, announcements) with seq <= read_seq
+    mention_seqs: list[int] = field(default_factory=list)  # personal mentions/replies after read_conversation_seq
+    broadcast_base: int = 0  # broadcasts (@all, announcements) with seq <= read_conversation_seq
 
     def row(self) -> dict[str, Any]:
         return {
-            "read_seq": self.read_seq,
+            "read_conversation_seq": self.read_conversation_seq,
             "joined_seq": self.joined_seq,
             "last_active": self.last_active,
-            "delivered_seq": self.delivered_seq,
+            "delivered_conversation_seq": self.delivered_conversation_seq,
             "skipping": int(self.skipping),
             "gap_end": self.gap_end,
             "rebuilt_seq": self.rebuilt_seq,
@@ -39,13 +39,13 @@ class MemberState:
         }
 
     @classmethod
-    def from_row(cls, r: Any) -> MemberState:
+    def from_row(cls, r: Any) -> UserConversationState:
         ms = r["mention_seqs"]
         return cls(
-            read_seq=r["read_seq"],
+            read_conversation_seq=r["read_conversation_seq"],
             joined_seq=r["joined_seq"],
             last_active=r["last_active"],
-            delivered_seq=r["delivered_seq"],
+            delivered_conversation_seq=r["delivered_conversation_seq"],
             skipping=bool(r["skipping"]),
             gap_end=r["gap_end"],
             rebuilt_seq=r["rebuilt_seq"],
@@ -59,8 +59,8 @@ SESSION_COLUMNS = (
     "conversation_id",
     "write_policy",
     "latest_conversation_seq",
-    "read_seq",
-    "delivered_seq",
+    "read_conversation_seq",
+    "delivered_conversation_seq",
     "skipping",
     "gap_end",
     "rebuilt_seq",
@@ -72,18 +72,26 @@ SESSION_COLUMNS = (
 )
 
 
+def unread_exact(
+    latest: int, read_seq: int, rebuilt_seq: int, delivered_seq: int | None, skipping: bool, gap_end: int | None
+) -> bool:
+    """`unread_exact` (ADR 0002): the mailbox has no gap, or the member has read (or
+    REBUILT) past its end; an open gap (still skipping) ends at latest."""
+    return delivered_seq is None or max(read_seq, rebuilt_seq) >= (latest if skipping else (gap_end or 0))
+
+
 def session_item(row: tuple[Any, ...]) -> dict[str, Any]:
     """One sessions[] item of SESSION_LIST_BATCH from one row of SESSION_COLUMNS."""
-    (cid, policy, latest, read_seq, delivered, skipping, gap_end, rebuilt, ms, b_base, broadcasts, last_id, preview) = row
-    # With send-marks-read and state dropped on leave, every message after read_seq
+    (cid, policy, latest, read_conversation_seq, delivered, skipping, gap_end, rebuilt, ms, b_base, broadcasts, last_id, preview) = row
+    # With send-marks-read and state dropped on leave, every message after read_conversation_seq
     # was sent to this member by someone else (ADR 0002): unread is latest - read.
-    exact = delivered is None or max(read_seq, rebuilt) >= (latest if skipping else (gap_end or 0))
+    exact = unread_exact(latest, read_conversation_seq, rebuilt, delivered, bool(skipping), gap_end)
     item: dict[str, Any] = {
         "conversation_id": cid,
         "write_policy": policy,
         "latest_conversation_seq": latest,
-        "read_conversation_seq": read_seq,
-        "unread_count": latest - read_seq if latest > read_seq else 0,
+        "read_conversation_seq": read_conversation_seq,
+        "unread_count": latest - read_conversation_seq if latest > read_conversation_seq else 0,
         "unread_exact": exact,
         "mention_count": (ms.count(",") + 1 if ms else 0) + broadcasts - b_base,
         "last_activity_id": last_id,

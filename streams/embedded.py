@@ -15,14 +15,14 @@ from typing import Any
 
 from eventsourcing.application import Application
 from eventsourcing.persistence import Notification
-from eventsourcing.utils import get_topic
 
+from adapters.sqlite_views import ALL_PARTS, SqliteViews
 from domain.conversation import Conversation
 from domain.params import Parameters
+from domain.review import topics_of
 from fanout.overload import Throttled, storage_failure
 from projections.capacity import CapacityProjection, ReviewTrigger
 from projections.delivery import Delivered, DeliveryProjection
-from projections.sqlite import ALL_PARTS, SqliteViews
 
 log = logging.getLogger("fanout.runner")
 RETRY_AFTER_FAILURE = 0.5  # seconds between attempts while the projection fails
@@ -51,7 +51,7 @@ class EmbeddedRunner:
         self.on_trigger = on_trigger
         self.batch = batch
         self.max_entries_per_commit = max_entries_per_commit
-        self.topics = [get_topic(cls) for cls in DeliveryProjection.topics]
+        self.topics = topics_of(*DeliveryProjection.topics)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._progress = threading.Condition()

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from adapters.rocksdb_mailbox import RocksMailbox, ShardCountMismatch
+from adapters.sqlite_views import SqliteMailbox
 from projections.ports import MailboxStore, MessageRefs
-from projections.rocksdb import RocksMailbox, ShardCountMismatch
 from projections.sharding import shard_of
-from projections.sqlite import SqliteMailbox
 
 SHARDS = 4
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from adapters.sqlite_views import SqliteViews
 from projections.ports import MessageRefs
 from projections.sharding import shard_of
-from projections.sqlite import SqliteViews
-from projections.state import MemberState, session_item
+from projections.state import UserConversationState, session_item
 
 T = "acme"
 
@@ -91,19 +91,19 @@ class ViewStoreContract:
         assert views.mailbox_page(T, "a", 0, 10) == []
 
     def test_member_states_round_trip_and_gap_updates_touch_only_the_gap(self, views: Any) -> None:
-        a = MemberState(read_seq=3, joined_seq=1, last_active=9.5, mention_seqs=[4, 6], broadcast_base=1)
+        a = UserConversationState(read_conversation_seq=3, joined_seq=1, last_active=9.5, mention_seqs=[4, 6], broadcast_base=1)
         with views.unit_of_work() as w:
             w.put_head(T, "c", head("c", 6))
-            w.put_states(T, "c", [("a", a), ("b", MemberState(read_seq=0, joined_seq=0))])
-        gap = MemberState(read_seq=99, joined_seq=99, delivered_seq=4, skipping=True, gap_end=None)
+            w.put_states(T, "c", [("a", a), ("b", UserConversationState(read_conversation_seq=0, joined_seq=0))])
+        gap = UserConversationState(read_conversation_seq=99, joined_seq=99, delivered_conversation_seq=4, skipping=True, gap_end=None)
         with views.unit_of_work() as w:
             w.put_gaps(T, "c", [("a", gap)])
         _, states, _ = views.load_conversation(T, "c")
-        assert states["a"] == MemberState(
-            read_seq=3,
+        assert states["a"] == UserConversationState(
+            read_conversation_seq=3,
             joined_seq=1,
             last_active=9.5,
-            delivered_seq=4,
+            delivered_conversation_seq=4,
             skipping=True,
             mention_seqs=[4, 6],
             broadcast_base=1,
@@ -148,9 +148,9 @@ class ViewStoreContract:
             for i, at in enumerate([5.0, 9.0, 1.0]):
                 cid = f"c{i}"
                 w.put_head(T, cid, head(cid, latest=i + 1, at=at))
-                w.put_states(T, cid, [("u", MemberState(read_seq=0, joined_seq=0))])
+                w.put_states(T, cid, [("u", UserConversationState(read_conversation_seq=0, joined_seq=0))])
             w.put_head("other", "c0", head("c0", latest=7, at=99.0, tenant="other"))
-            w.put_states("other", "c0", [("u", MemberState(read_seq=0, joined_seq=0))])
+            w.put_states("other", "c0", [("u", UserConversationState(read_conversation_seq=0, joined_seq=0))])
         batches = list(views.session_rows(T, "u", 2))
         assert [len(b) for b in batches] == [2, 1]
         items = [session_item(r) for b in batches for r in b]
@@ -168,3 +168,33 @@ class ViewStoreContract:
 class TestSqliteViews(ViewStoreContract):
     def make(self, path: Path) -> Any:
         return SqliteViews(path)
+
+
+def test_views_written_before_the_adr_column_names_are_migrated_in_place(tmp_path: Path) -> None:
+    """A views file of schema 0 (states.read_seq, states.delivered_seq) opens, keeps its
+    rows under the new names, and is marked with the current schema version."""
+    import sqlite3
+
+    from adapters.sqlite_views import VIEWS_SCHEMA_VERSION
+
+    con = sqlite3.connect(tmp_path / "views.sqlite")
+    con.execute(
+        "CREATE TABLE states (tenant TEXT NOT NULL, user_id TEXT NOT NULL, conversation_id TEXT NOT NULL, "
+        "read_seq INTEGER NOT NULL, joined_seq INTEGER NOT NULL, last_active REAL NOT NULL, delivered_seq INTEGER, "
+        "skipping INTEGER NOT NULL, gap_end INTEGER, rebuilt_seq INTEGER NOT NULL, mention_seqs TEXT NOT NULL, "
+        "broadcast_base INTEGER NOT NULL, PRIMARY KEY (tenant, user_id, conversation_id)) WITHOUT ROWID"
+    )
+    con.execute("INSERT INTO states VALUES ('acme', 'a', 'c', 3, 1, 9.5, 2, 1, NULL, 0, '4', 0)")
+    con.commit()
+    con.close()
+    for _ in range(2):  # and a second open changes nothing
+        views = SqliteViews(tmp_path)
+        try:
+            state = views.state(T, "a", "c")
+            assert state is not None
+            assert state["read_conversation_seq"] == 3 and state["delivered_conversation_seq"] == 2
+        finally:
+            views.close()
+    con = sqlite3.connect(tmp_path / "views.sqlite")
+    assert con.execute("PRAGMA user_version").fetchone()[0] == VIEWS_SCHEMA_VERSION
+    con.close()

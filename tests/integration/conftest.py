@@ -9,21 +9,8 @@ from pathlib import Path
 import pytest
 
 from domain.params import Parameters
+from fanout.clock import FakeClock
 from fanout.runtime import EmbeddedRuntime
-
-
-class FakeClock:
-    """The only clock the runtime sees; tests advance it explicitly."""
-
-    def __init__(self, now: float = 1_700_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> float:
-        self.now += seconds
-        return self.now
 
 
 class Harness:

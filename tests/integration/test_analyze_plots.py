@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from cli.demo import run_demo
 from domain.params import Parameters
-from fanout.analyze import alpha_plot_data, alpha_report, capacity_report, plot_alpha
-from fanout.demo import run_demo
 from fanout.runtime import EmbeddedRuntime
 from tests.integration.test_cli import fanout
+from tools.analyze import alpha_plot_data, alpha_report, capacity_report, plot_alpha
 
 
 def png_size(path: Path) -> tuple[int, int]:

@@ -80,7 +80,7 @@ def test_a_replayed_trigger_does_not_open_the_review_twice(tmp_path: Path) -> No
 
 def _trigger_position(rt: EmbeddedRuntime) -> int:
     """The log position whose MessageSent crossed T1 (the review key's suffix)."""
-    from domain.tier import Review
+    from domain.review import Review
 
     for n in rt.app.recorder.select_notifications(start=1, limit=10_000):
         e = rt.app.mapper.to_domain_event(n)

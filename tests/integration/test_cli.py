@@ -17,10 +17,10 @@ from pathlib import Path
 import jwt
 import pytest
 
+from cli.demo import run_demo
 from domain.params import Parameters
-from fanout.demo import run_demo
-from fanout.replay import event_types
 from fanout.runtime import DataDirLock
+from tools.replay import event_types
 
 REPO = Path(__file__).resolve().parents[2]
 COMMANDS = ("serve", "token", "replay", "rebuild", "verify", "analyze", "demo", "worker", "relay")
@@ -34,7 +34,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def fanout(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "fanout.cli", *args],
+        [sys.executable, "-m", "cli.main", *args],
         cwd=REPO,
         env=env or clean_env(),
         capture_output=True,
@@ -347,7 +347,7 @@ def test_serve_answers_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fanout.cli", "serve", "--data-dir", str(data_dir), "--port", str(port)],
+        [sys.executable, "-m", "cli.main", "serve", "--data-dir", str(data_dir), "--port", str(port)],
         cwd=REPO,
         env=clean_env(),
         stdout=subprocess.PIPE,

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from domain.params import Parameters
-from fanout.rebuild import verify
 from fanout.runtime import EmbeddedRuntime
 from fanout.security import load_or_create_secret, mint_token
+from tools.rebuild import verify
 
 MEMBERS = 100_000
 SENDERS = ["u000001", "u000002", "u000003"]
@@ -45,7 +45,7 @@ class Server:
         self.base = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "FANOUT_DATA_DIR": str(data_dir)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fanout.cli", "serve", "--data-dir", str(data_dir), "--port", str(self.port)],
+            [sys.executable, "-m", "cli.main", "serve", "--data-dir", str(data_dir), "--port", str(self.port)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

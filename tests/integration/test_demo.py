@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from cli.demo import DemoError, run_demo
 from domain.params import Parameters
-from fanout.demo import DemoError, run_demo
-from fanout.rebuild import verify
+from tools.rebuild import verify
 
 MEMBERS = 2000
 PARAMS = Parameters()
@@ -91,7 +91,7 @@ def test_the_demo_refuses_a_non_empty_data_dir_unless_forced(demo: tuple[Path, d
 def test_fanout_demo_runs_from_the_command_line(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FANOUT_")}
     r = subprocess.run(
-        [sys.executable, "-m", "fanout.cli", "demo", "--members", "500", "--data-dir", str(tmp_path / "d")],
+        [sys.executable, "-m", "cli.main", "demo", "--members", "500", "--data-dir", str(tmp_path / "d")],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -6,8 +6,8 @@ import io
 import re
 from pathlib import Path
 
+from cli.demo import run_demo
 from domain.params import Parameters
-from fanout.demo import run_demo
 
 HEADERS = ("mailbox_entries", "big_head", "expected")  # a word only the header line of each table has
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import psutil
 
+from adapters.sqlite_views import READ_POOL_SIZE
 from fanout.runtime import EmbeddedRuntime
-from projections.sqlite import READ_POOL_SIZE
 
 LOGINS = 60
 

@@ -52,7 +52,7 @@ class Serve:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile_soft, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fanout.cli", "serve", "--data-dir", str(data_dir), "--port", str(self.port)],
+            [sys.executable, "-m", "cli.main", "serve", "--data-dir", str(data_dir), "--port", str(self.port)],
             cwd=REPO,
             env=clean_env(),
             stdout=subprocess.PIPE,
@@ -131,7 +131,7 @@ def start(data_dir: Path, fsize: int | None = None) -> subprocess.CompletedProce
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, HARD_FSIZE))
 
     return subprocess.run(
-        [sys.executable, "-m", "fanout.cli", "serve", "--data-dir", str(data_dir), "--port", str(free_port())],
+        [sys.executable, "-m", "cli.main", "serve", "--data-dir", str(data_dir), "--port", str(free_port())],
         cwd=REPO,
         env=clean_env(),
         capture_output=True,  # pipes: the file-size limit does not apply to them

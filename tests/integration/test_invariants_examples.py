@@ -293,7 +293,7 @@ def test_a_send_and_later_membership_changes_in_one_projection_batch_deliver_to_
 
 
 def test_verify_and_rebuild_agree_with_live_after_membership_changes_that_follow_a_send(h, clock):
-    from fanout.rebuild import verify
+    from tools.rebuild import verify
 
     h.app.create_conversation(T, "c", "", ["a", "b"])
     h.settle()
@@ -306,3 +306,30 @@ def test_verify_and_rebuild_agree_with_live_after_membership_changes_that_follow
     h.close()
     report = verify(h.data_dir, h.params, progress=False)
     assert report.equal, report.differences
+
+
+def test_a_log_written_when_review_lived_in_domain_tier_still_projects_and_verifies(h, clock):
+    """Review moved from domain/tier.py to domain/review.py: stored topics of older logs say
+    domain.tier:Review.*; they must still resolve, be projected and be verified."""
+    import sqlite3
+
+    from tools.rebuild import rebuild, verify
+
+    rid = h.app.open_review(T, "small", "manual", {}, "admin")["review_id"]
+    h.app.decide_review(T, rid, "enable_mention_only", "admin", 1.5, 0.5)
+    h.close()
+    con = sqlite3.connect(h.data_dir / "events.sqlite")
+    changed = con.execute(
+        "UPDATE stored_events SET topic = replace(topic, 'domain.review:Review', 'domain.tier:Review') "
+        "WHERE topic LIKE 'domain.review:Review%'"
+    ).rowcount
+    con.commit()
+    con.close()
+    assert changed == 2  # Opened, Decided
+    rebuild(h.data_dir, h.params, "all", progress=False)
+    report = verify(h.data_dir, h.params, progress=False)
+    assert report.equal, report.differences
+    h.rt = type(h.rt)(h.data_dir, h.params, clock=clock)
+    h.settle()
+    (review,) = h.rt.views.reviews(T)
+    assert review["status"] == "decided" and review["decision"] == "enable_mention_only"

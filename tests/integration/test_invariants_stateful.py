@@ -34,7 +34,8 @@ from domain.errors import (
     RateLimited,
 )
 from domain.params import Parameters, Rate
-from domain.tier import Review, Tier
+from domain.review import Review
+from domain.tier import Tier
 from tests.integration.conftest import FakeClock, Harness
 
 T = "t"

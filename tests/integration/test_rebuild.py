@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
+from adapters.rocksdb_mailbox import RocksMailbox
+from cli.demo import run_demo
 from domain.params import Parameters
-from fanout.demo import run_demo
-from fanout.rebuild import rebuild, verify
 from fanout.runtime import DataDirBusy, DataDirLock
 from projections.ports import MessageRefs
-from projections.rocksdb import RocksMailbox
+from tools.rebuild import rebuild, verify
 
 PARAMS = Parameters()
 TABLES = ("heads", "messages", "states", "delivery", "reviews", "tiers")
@@ -74,7 +74,7 @@ def test_the_scenario_has_something_to_rebuild(scenario: Path) -> None:
     assert len(live["mailbox"]) > 600 * 5
     # gaps exist: some member states carry a delivered_conversation_seq
     con = sqlite3.connect(scenario / "views.sqlite")
-    assert con.execute("SELECT count(*) FROM states WHERE delivered_seq IS NOT NULL").fetchone()[0] > 0
+    assert con.execute("SELECT count(*) FROM states WHERE delivered_conversation_seq IS NOT NULL").fetchone()[0] > 0
     con.close()
 
 
@@ -169,7 +169,7 @@ def test_rebuild_refuses_a_data_dir_in_use(data_dir: Path) -> None:
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FANOUT_")}
     return subprocess.run(
-        [sys.executable, "-m", "fanout.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "cli.main", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
 
 
@@ -182,7 +182,7 @@ def test_verify_exits_0_on_a_healthy_data_dir(data_dir: Path) -> None:
 def test_verify_exits_1_after_one_state_row_is_corrupted(data_dir: Path) -> None:
     con = sqlite3.connect(data_dir / "views.sqlite")
     con.execute(
-        "UPDATE states SET read_seq = read_seq + 1 WHERE tenant='demo' AND user_id='u000009' AND conversation_id='all-hands'"
+        "UPDATE states SET read_conversation_seq = read_conversation_seq + 1 WHERE tenant='demo' AND user_id='u000009' AND conversation_id='all-hands'"
     )
     assert con.total_changes == 1
     con.commit()

@@ -22,7 +22,8 @@ from domain.errors import (
     ReviewRequired,
 )
 from domain.params import Parameters
-from domain.tier import Review, Tier
+from domain.review import Review
+from domain.tier import Tier
 from fanout.runtime import EmbeddedRuntime
 
 T = "t1"

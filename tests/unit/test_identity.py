@@ -15,13 +15,14 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from cli.main import main as fanout_main
 from domain import conversation, quota, tier
 from domain.conversation import Conversation
 from domain.errors import InvalidArgument
 from domain.identity import MAX_ID_LENGTH, MAX_TENANT_LENGTH, TENANT_PATTERN, check_id, check_tenant, scoped_name
 from domain.quota import TenantQuota
-from domain.tier import Review, Tier
-from fanout.cli import main as fanout_main
+from domain.review import Review
+from domain.tier import Tier
 from fanout.security import InvalidClaim, Unauthenticated, mint_token, verify_token
 
 SECRET = "unit-secret-" + "z" * 40

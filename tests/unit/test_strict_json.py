@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from domain.errors import InvalidArgument
-from domain.tier import Review
+from domain.review import Review
 from fanout import strict_json
 from fanout.strict_json import INT64_MAX, INT64_MIN, NotStrictJSON
 

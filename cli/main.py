@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from adapters.rocksdb_mailbox import ShardCountMismatch
 from domain.errors import FanoutError
 from fanout.config import ConfigError, Settings, load_settings, parse_duration
 from fanout.overload import startup_error
 from fanout.runtime import DataDirBusy
-from projections.rocksdb import ShardCountMismatch
 
 PROG = "fanout"
 
@@ -96,7 +96,7 @@ def cmd_token(args: argparse.Namespace, settings: Settings, data_dir: Path) -> i
 
 
 def cmd_replay(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
-    from fanout.replay import Filters, ReplayError, parse_time, replay
+    from tools.replay import Filters, ReplayError, parse_time, replay
 
     try:
         filters = Filters(
@@ -123,7 +123,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings, data_dir: Path) -> 
 
 
 def cmd_rebuild(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
-    from fanout.rebuild import RebuildError, rebuild
+    from tools.rebuild import RebuildError, rebuild
 
     progress = not args.quiet and sys.stderr.isatty()
     try:
@@ -137,7 +137,7 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
 
 
 def cmd_verify(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
-    from fanout.rebuild import RebuildError, verify
+    from tools.rebuild import RebuildError, verify
 
     progress = not args.quiet and sys.stderr.isatty()
     try:
@@ -163,7 +163,7 @@ def cmd_verify(args: argparse.Namespace, settings: Settings, data_dir: Path) -> 
 
 
 def cmd_analyze(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
-    from fanout import analyze
+    from tools import analyze
 
     try:
         if args.what == "capacity":
@@ -179,7 +179,7 @@ def cmd_analyze(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
             return 0
         at = None
         if args.at:
-            from fanout.replay import parse_time
+            from tools.replay import parse_time
 
             at = parse_time(args.at).timestamp()
         report = analyze.alpha_report(
@@ -207,7 +207,7 @@ def cmd_analyze(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
-    from fanout.demo import DemoError, main_demo
+    from cli.demo import DemoError, main_demo
 
     try:
         return main_demo(data_dir, args.members, settings.params, args.force, args.quiet)

@@ -20,7 +20,7 @@ from typing import Any
 from uuid import UUID
 
 from projections.ports import MailboxEntry, MailboxStore, MessageRefs
-from projections.state import MemberState
+from projections.state import UserConversationState
 
 VIEWS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS tracking (projection TEXT PRIMARY KEY, position INTEGER NOT NULL);
@@ -39,8 +39,8 @@ CREATE TABLE IF NOT EXISTS messages (
     PRIMARY KEY (tenant, conversation_id, conversation_seq));
 CREATE TABLE IF NOT EXISTS states (
     tenant TEXT NOT NULL, user_id TEXT NOT NULL, conversation_id TEXT NOT NULL,
-    read_seq INTEGER NOT NULL, joined_seq INTEGER NOT NULL, last_active REAL NOT NULL,
-    delivered_seq INTEGER, skipping INTEGER NOT NULL, gap_end INTEGER, rebuilt_seq INTEGER NOT NULL,
+    read_conversation_seq INTEGER NOT NULL, joined_seq INTEGER NOT NULL, last_active REAL NOT NULL,
+    delivered_conversation_seq INTEGER, skipping INTEGER NOT NULL, gap_end INTEGER, rebuilt_seq INTEGER NOT NULL,
     mention_seqs TEXT NOT NULL, broadcast_base INTEGER NOT NULL,
     PRIMARY KEY (tenant, user_id, conversation_id)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS states_by_conversation ON states (tenant, conversation_id);
@@ -55,7 +55,30 @@ CREATE TABLE IF NOT EXISTS tiers (tier_id TEXT PRIMARY KEY, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS capacity (projection TEXT PRIMARY KEY, body TEXT NOT NULL);
 """
 
-STATE_COLUMNS = tuple(f.name for f in fields(MemberState))  # MemberState.row() order
+# PRAGMA user_version of the views. 2: the states columns take the ADR's names
+# (read_conversation_seq, delivered_conversation_seq); older files are renamed in place.
+VIEWS_SCHEMA_VERSION = 2
+_RENAMED_STATE_COLUMNS = {"read_seq": "read_conversation_seq", "delivered_seq": "delivered_conversation_seq"}
+
+
+def migrate_views(con: sqlite3.Connection) -> None:
+    """Create the views schema, or bring an older file up to VIEWS_SCHEMA_VERSION
+    (each step idempotent, so a crash part-way is finished by the next open)."""
+    version = con.execute("PRAGMA user_version").fetchone()[0]
+    if version > VIEWS_SCHEMA_VERSION:
+        raise RuntimeError(
+            f"the views were written by a newer fanout (schema {version} > {VIEWS_SCHEMA_VERSION}): "
+            "upgrade fanout, or delete them and run `fanout rebuild all`"
+        )
+    columns = {row[1] for row in con.execute("PRAGMA table_info(states)")}
+    for old, new in _RENAMED_STATE_COLUMNS.items():
+        if old in columns:
+            con.execute(f"ALTER TABLE states RENAME COLUMN {old} TO {new}")
+    con.executescript(VIEWS_SCHEMA)
+    con.execute(f"PRAGMA user_version = {VIEWS_SCHEMA_VERSION}")
+
+
+STATE_COLUMNS = tuple(f.name for f in fields(UserConversationState))  # UserConversationState.row() order
 
 HEAD_COLUMNS = (
     "aggregate_id",
@@ -260,7 +283,7 @@ class SqliteWriter:
         self.mailbox.append((tenant, refs))
         self.mailbox_entries += sum(len(b) for b in refs.shards.values())
 
-    def put_states(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, MemberState]]) -> None:
+    def put_states(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]) -> None:
         if "state" not in self.parts:
             return
         self.con.executemany(
@@ -269,14 +292,14 @@ class SqliteWriter:
             [(tenant, u, conversation_id, *s.row().values()) for u, s in states],
         )
 
-    def put_gaps(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, MemberState]]) -> None:
+    def put_gaps(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]) -> None:
         """Only the gap columns, updated in place: the burst of a policy switch."""
         if "state" not in self.parts:
             return
         self.con.executemany(
-            "UPDATE states SET delivered_seq=?, skipping=?, gap_end=? "
+            "UPDATE states SET delivered_conversation_seq=?, skipping=?, gap_end=? "
             "WHERE tenant=? AND user_id=? AND conversation_id=?",
-            [(s.delivered_seq, s.skipping, s.gap_end, tenant, u, conversation_id) for u, s in states],
+            [(s.delivered_conversation_seq, s.skipping, s.gap_end, tenant, u, conversation_id) for u, s in states],
         )
 
     def delete_state(self, tenant: str, conversation_id: str, user_id: str) -> None:
@@ -338,9 +361,9 @@ class SqliteViews:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / f"{prefix}views.sqlite"
         self._con = connect(self.path)
-        self._con.executescript(VIEWS_SCHEMA)
+        migrate_views(self._con)
         if mailbox is None:
-            from projections.rocksdb import RocksMailbox
+            from adapters.rocksdb_mailbox import RocksMailbox
 
             mailbox = RocksMailbox(self.dir / f"{prefix}mailbox.rocksdb", shards)
         self.mailbox: MailboxStore = mailbox
@@ -412,11 +435,11 @@ class SqliteViews:
 
     def load_conversation(
         self, tenant: str, conversation_id: str
-    ) -> tuple[dict[str, Any] | None, dict[str, MemberState], list[int]]:
+    ) -> tuple[dict[str, Any] | None, dict[str, UserConversationState], list[int]]:
         con = self.reader()
         head = self.head(tenant, conversation_id)
         states = {
-            r["user_id"]: MemberState.from_row(r)
+            r["user_id"]: UserConversationState.from_row(r)
             for r in con.execute(
                 "SELECT * FROM states INDEXED BY states_by_conversation WHERE tenant=? AND conversation_id=?",
                 (tenant, conversation_id),
@@ -460,8 +483,8 @@ class SqliteViews:
         heads in one query, most recent activity first, in batches; never a query per
         conversation."""
         sql = (
-            "SELECT s.conversation_id, h.write_policy, h.latest_conversation_seq, s.read_seq, "
-            "s.delivered_seq, s.skipping, s.gap_end, s.rebuilt_seq, s.mention_seqs, s.broadcast_base, "
+            "SELECT s.conversation_id, h.write_policy, h.latest_conversation_seq, s.read_conversation_seq, "
+            "s.delivered_conversation_seq, s.skipping, s.gap_end, s.rebuilt_seq, s.mention_seqs, s.broadcast_base, "
             "h.broadcasts, h.last_activity_id, h.preview "
             "FROM states s JOIN heads h ON h.tenant = s.tenant AND h.conversation_id = s.conversation_id "
             "WHERE s.tenant = ? AND s.user_id = ? ORDER BY h.last_activity_at DESC, s.conversation_id"

@@ -32,7 +32,8 @@ from eventsourcing.utils import get_topic
 from domain.conversation import Conversation
 from domain.params import Parameters
 from domain.quota import TenantQuota
-from domain.tier import Review, Tier
+from domain.review import Review, topics_of
+from domain.tier import Tier
 from fanout import strict_json
 
 PAGE = 1000
@@ -103,7 +104,7 @@ def check_types(types: Iterable[str]) -> None:
 def log_scopes(app: Any) -> dict[str, set[str]]:
     """tenant -> its conversation ids, from the creation events in the log (only those
     topics are read: a scan of the creation events, not of every message)."""
-    topics = [get_topic(Conversation.Created), get_topic(Review.Opened), get_topic(Tier.Created)]
+    topics = [get_topic(Conversation.Created), *topics_of(Review.Opened), get_topic(Tier.Created)]
     topics.append(get_topic(TenantQuota.Created))
     scopes: dict[str, set[str]] = {}
     position = 1

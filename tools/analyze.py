@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from adapters.sqlite_views import SqliteViews
 from domain.params import Parameters, SizeBucket
-from domain.policy import equivalent_threshold
+from domain.policy import equivalent_threshold, meets_enter_criterion, read_diffusion_saving
 from domain.tier import Tier
 from fanout.queries import Queries
 from projections.capacity import CapacityProjection
-from projections.sqlite import SqliteViews
 
 
 class AnalyzeError(RuntimeError):
@@ -252,11 +252,11 @@ def alpha_plot_data(report: dict[str, Any]) -> dict[str, Any]:
                 continue
             n, alpha = c["members"], c["alpha"]
             if example:
-                meets = n * (1 - alpha) > EXAMPLE_TERMS.min_saving and alpha < EXAMPLE_TERMS.max_active_ratio
+                meets = meets_enter_criterion(n, alpha, EXAMPLE_TERMS.min_saving, EXAMPLE_TERMS.max_active_ratio)
             else:
                 meets = bool(c.get("meets"))
             points.append({"bucket": b["size_bucket"], "members": n, "alpha": alpha, "meets": meets,
-                           "saving": n * (1 - alpha) if meets else 0.0})  # fmt: skip
+                           "saving": read_diffusion_saving(n, alpha) if meets else 0.0})  # fmt: skip
     return {
         "terms": [{"min_saving": t[0], "max_active_ratio": t[1], "source": t[2]} for t in terms],
         "example": example,

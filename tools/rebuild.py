@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from adapters.sqlite_views import ALL_PARTS, SqliteViews, connect
 from domain.params import Parameters
 from fanout.runtime import EmbeddedRuntime
 from projections.delivery import DeliveryProjection
-from projections.sqlite import ALL_PARTS, SqliteViews, connect
 from streams.embedded import EmbeddedRunner
 
 TARGETS: dict[str, frozenset[str]] = {

@@ -30,8 +30,10 @@ from eventsourcing.utils import get_topic
 from domain.conversation import Conversation
 from domain.errors import RateLimited
 from domain.params import Parameters
+from fanout.clock import FakeClock
 from fanout.push import Connection
 from fanout.runtime import DataDirLock, EmbeddedRuntime
+from projections.state import unread_exact
 
 TENANT = "demo"
 BIG = "all-hands"
@@ -60,17 +62,6 @@ CHECK_LEGEND = (
 
 class DemoError(RuntimeError):
     pass
-
-
-class FakeClock:
-    def __init__(self, start: float) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class DemoDevice(Connection):
@@ -453,16 +444,14 @@ class _Story:
             after = page["next_after"]
 
     def _estimate_count(self, latest: int) -> int:
-        row = (
-            self.rt.views.reader()
-            .execute(
-                "SELECT count(*) FROM states WHERE tenant=? AND conversation_id=? AND delivered_seq IS NOT NULL "
-                "AND max(read_seq, rebuilt_seq) < CASE WHEN skipping THEN ? ELSE coalesce(gap_end, 0) END",
-                (TENANT, BIG, latest),
+        """Members of the big group whose unread is an estimate (unread_exact false)."""
+        _, states, _ = self.rt.views.load_conversation(TENANT, BIG)
+        return sum(
+            not unread_exact(
+                latest, s.read_conversation_seq, s.rebuilt_seq, s.delivered_conversation_seq, s.skipping, s.gap_end
             )
-            .fetchone()
+            for s in states.values()
         )
-        return int(row[0])
 
 
 def _kind(kw: dict[str, Any]) -> str:

@@ -1,0 +1,1 @@
+"""Operator tools over the ports: rebuild, verify, replay and analyze."""
