@@ -23,12 +23,14 @@ from projections.ports import MailboxEntry, MailboxStore, MessageRefs
 from projections.state import UserConversationState
 
 VIEWS_SCHEMA = """
-CREATE TABLE IF NOT EXISTS tracking (projection TEXT PRIMARY KEY, position INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS tracking (
+    projection TEXT NOT NULL, partition INTEGER NOT NULL, position INTEGER NOT NULL,
+    PRIMARY KEY (projection, partition)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS heads (
     tenant TEXT NOT NULL, conversation_id TEXT NOT NULL, aggregate_id TEXT NOT NULL,
     title TEXT, latest_conversation_seq INTEGER NOT NULL, last_activity_id TEXT,
     last_activity_at REAL, preview TEXT, member_count INTEGER NOT NULL, size_bucket TEXT NOT NULL,
-    write_policy TEXT NOT NULL, broadcasts INTEGER NOT NULL, created_at REAL,
+    write_policy TEXT NOT NULL, broadcasts INTEGER NOT NULL, created_at REAL, position INTEGER NOT NULL,
     PRIMARY KEY (tenant, conversation_id)) WITHOUT ROWID;
 CREATE UNIQUE INDEX IF NOT EXISTS heads_by_aggregate ON heads (aggregate_id);
 CREATE TABLE IF NOT EXISTS messages (
@@ -56,8 +58,10 @@ CREATE TABLE IF NOT EXISTS capacity (projection TEXT PRIMARY KEY, body TEXT NOT 
 """
 
 # PRAGMA user_version of the views. 2: the states columns take the ADR's names
-# (read_conversation_seq, delivered_conversation_seq); older files are renamed in place.
-VIEWS_SCHEMA_VERSION = 2
+# (read_conversation_seq, delivered_conversation_seq). 3: tracking per (projection,
+# partition); heads record the position of the last event applied to the conversation.
+# Older files are brought up in place.
+VIEWS_SCHEMA_VERSION = 3
 _RENAMED_STATE_COLUMNS = {"read_seq": "read_conversation_seq", "delivered_seq": "delivered_conversation_seq"}
 
 
@@ -74,6 +78,19 @@ def migrate_views(con: sqlite3.Connection) -> None:
     for old, new in _RENAMED_STATE_COLUMNS.items():
         if old in columns:
             con.execute(f"ALTER TABLE states RENAME COLUMN {old} TO {new}")
+    heads = {row[1] for row in con.execute("PRAGMA table_info(heads)")}
+    if heads and "position" not in heads:
+        con.execute("ALTER TABLE heads ADD COLUMN position INTEGER NOT NULL DEFAULT 0")
+    tracking = {row[1] for row in con.execute("PRAGMA table_info(tracking)")}
+    if tracking and "partition" not in tracking:
+        with con:
+            con.execute("ALTER TABLE tracking RENAME TO tracking_v2")
+            con.execute(
+                "CREATE TABLE tracking (projection TEXT NOT NULL, partition INTEGER NOT NULL, "
+                "position INTEGER NOT NULL, PRIMARY KEY (projection, partition)) WITHOUT ROWID"
+            )
+            con.execute("INSERT INTO tracking SELECT projection, 0, position FROM tracking_v2")
+            con.execute("DROP TABLE tracking_v2")
     con.executescript(VIEWS_SCHEMA)
     con.execute(f"PRAGMA user_version = {VIEWS_SCHEMA_VERSION}")
 
@@ -92,6 +109,7 @@ HEAD_COLUMNS = (
     "write_policy",
     "broadcasts",
     "created_at",
+    "position",
 )
 
 
@@ -241,11 +259,13 @@ class SqliteWriter:
         self.mailbox: list[tuple[str, MessageRefs]] = []
         self.mailbox_entries = 0
         self.deliveries: list[tuple[str, str, int]] = []
-        self.positions: dict[str, int] = {}
+        self.positions: dict[tuple[str, int], int] = {}
+        self.partition = 0  # one log, one partition
 
-    def track(self, projection: str, position: int) -> None:
-        """Record the notification this unit of work has applied, in the same commit."""
-        self.positions[projection] = position
+    def track(self, projection: str, position: int, partition: int = 0) -> None:
+        """Record the last position this unit of work applied for (projection, partition);
+        written after everything else of the unit, in the same commit."""
+        self.positions[(projection, partition)] = position
 
     def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any]) -> None:
         if "heads" not in self.parts:
@@ -394,8 +414,9 @@ class SqliteViews:
                         [(at, *d) for d in w.deliveries],
                     )
                 con.executemany(
-                    "INSERT INTO tracking VALUES (?, ?) ON CONFLICT(projection) DO UPDATE SET position=excluded.position",
-                    list(w.positions.items()),
+                    "INSERT INTO tracking VALUES (?, ?, ?) "
+                    "ON CONFLICT(projection, partition) DO UPDATE SET position=excluded.position",
+                    [(name, partition, pos) for (name, partition), pos in w.positions.items()],
                 )
                 con.execute("COMMIT")
             except BaseException:
@@ -418,12 +439,17 @@ class SqliteViews:
             con = self._local.con = connect(self.path)
         return con
 
-    def position(self, projection: str) -> int:
-        row = self.reader().execute("SELECT position FROM tracking WHERE projection=?", (projection,)).fetchone()
+    def position(self, projection: str, partition: int = 0) -> int:
+        row = (
+            self.reader()
+            .execute("SELECT position FROM tracking WHERE projection=? AND partition=?", (projection, partition))
+            .fetchone()
+        )
         return int(row[0]) if row else 0
 
-    def positions(self) -> dict[str, int]:
-        return {r[0]: r[1] for r in self.reader().execute("SELECT projection, position FROM tracking")}
+    def positions(self) -> dict[tuple[str, int], int]:
+        """(projection, partition) -> the last position applied."""
+        return {(r[0], r[1]): r[2] for r in self.reader().execute("SELECT projection, partition, position FROM tracking")}
 
     def conversation_key(self, aggregate_id: UUID) -> tuple[str, str]:
         row = self.reader().execute(

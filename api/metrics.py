@@ -26,8 +26,8 @@ ADMISSION_GATES = (
 
 
 def capacity_rates(runtime: Any) -> dict[str, float]:
-    """runner.capacity.rates(): running sums, safe to read from another thread."""
-    return dict(runtime.runner.capacity.rates())
+    """runtime.capacity().rates(): running sums, safe to read from another thread."""
+    return dict(runtime.capacity().rates())
 
 
 class Metrics:

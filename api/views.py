@@ -172,7 +172,7 @@ def review_list(rt: EmbeddedRuntime, tenant: str, min_position: int | None = Non
 def capacity(rt: EmbeddedRuntime, tenant: str) -> dict[str, Any]:
     p = rt.params
     rates = capacity_rates(rt)
-    firing = dict(rt.runner.capacity.firing)
+    firing = dict(rt.capacity().firing)
     fanout_rate, large_rate = rates["fanout_entries_per_sec"], rates["large_group_entries_per_sec"]
     alpha = rt.queries.alpha_by_bucket(tenant)
     return {
@@ -198,7 +198,7 @@ def capacity(rt: EmbeddedRuntime, tenant: str) -> dict[str, Any]:
 
 def projections(rt: EmbeddedRuntime) -> dict[str, Any]:
     log_position = rt.runner.log_position()
-    positions = rt.views.positions() or {"delivery": rt.runner.position()}
+    positions = rt.views.positions() or {("delivery", 0): rt.runner.position()}
     return {
         "log_position": log_position,
         "running": rt.runner.running,
@@ -206,13 +206,14 @@ def projections(rt: EmbeddedRuntime) -> dict[str, Any]:
         "projections": [
             {
                 "name": name,
+                "partition": partition,
                 "position": position,
                 "log_position": log_position,
                 "lag": max(0, log_position - position),
                 "running": rt.runner.running,
                 "last_error": rt.runner.last_error,
             }
-            for name, position in sorted(positions.items())
+            for (name, partition), position in sorted(positions.items())
         ],
     }
 

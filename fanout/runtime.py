@@ -5,6 +5,7 @@ Everything is built here and handed to the API and the CLI; tests pass overrides
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -17,9 +18,12 @@ from fanout.application import FanoutApplication
 from fanout.overload import Backpressure
 from fanout.push import PushHub
 from fanout.queries import Queries
-from projections.capacity import ReviewTrigger
+from projections.capacity import CapacityProjection
 from projections.delivery import Delivered
+from projections.hosting import Effect
 from streams.embedded import EmbeddedRunner
+
+log = logging.getLogger("fanout.runtime")
 
 
 class DataDirBusy(RuntimeError):
@@ -92,8 +96,7 @@ class EmbeddedRuntime:
                 self.app,
                 self.views,
                 self.params,
-                on_delivered=self._on_delivered,
-                on_trigger=self._on_trigger,
+                on_effects=self._on_effects,
             )
             self.app.saved_listeners.append(self.runner.wake)
             self.backpressure = Backpressure(
@@ -130,15 +133,26 @@ class EmbeddedRuntime:
         state = self.views.state(tenant, user_id, conversation_id)
         return None if state is None else (int(state["read_conversation_seq"]), self.runner.position())
 
-    def _on_delivered(self, delivered: Sequence[Delivered]) -> None:
-        for d in delivered:
-            pushes = self.hub.deliver(d)
-            self.views.record_pushes(d.tenant, d.conversation_id, d.seq, pushes)
+    def capacity(self) -> CapacityProjection:
+        """The live capacity window (T1/T2), as the projector keeps it."""
+        return next(p for p in self.runner.projections if isinstance(p, CapacityProjection))
 
-    def _on_trigger(self, t: ReviewTrigger) -> None:
-        # T1/T2 only open a review; a person decides (ADR decision 3).
-        self.app.open_review(t.tenant, t.size_bucket, t.trigger, t.details, "capacity-monitor", review_key=t.review_key)
-        self.review_triggers += 1
+    def _on_effects(self, effects: Sequence[Effect]) -> None:
+        """After a unit of work commits: online pushes (invariant O), and the reviews
+        T1/T2 open (ADR decision 3: a trigger only opens one; a person decides)."""
+        for effect in effects:
+            try:
+                if isinstance(effect, Delivered):
+                    pushes = self.hub.deliver(effect)
+                    self.views.record_pushes(effect.tenant, effect.conversation_id, effect.seq, pushes)
+                else:
+                    t = effect
+                    self.app.open_review(
+                        t.tenant, t.size_bucket, t.trigger, t.details, "capacity-monitor", review_key=t.review_key
+                    )
+                    self.review_triggers += 1
+            except Exception:
+                log.exception("could not act on %s (the views are committed)", type(effect).__name__)
 
     # -- lifecycle ---------------------------------------------------------------
 

@@ -11,7 +11,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from domain.conversation import Conversation
 from domain.params import Parameters, SizeBucket
+from projections.ports import ViewStore, ViewWriter
 
 
 @dataclass(frozen=True)
@@ -29,10 +31,19 @@ class CapacityProjection:
     costs O(scopes) and the saved state stays small whatever the message rate."""
 
     name = "capacity"
+    topics = (Conversation.Created, Conversation.MessageSent)
 
-    def __init__(self, params: Parameters, state: dict[str, Any] | None = None) -> None:
+    def __init__(self, params: Parameters, store: ViewStore | None = None, state: dict[str, Any] | None = None) -> None:
+        """Hosted: give the store (the state is loaded from it). Read-only (analyze): the state."""
+        self.store = store
         self.params = params
+        self.tenants: dict[Any, str] = {}  # conversation aggregate id -> tenant
+        self.changed = False
+        if state is None and store is not None:
+            state = store.capacity_state(self.name)
         state = state or {}
+        # The last position applied per partition: a replayed MessageSent is not counted twice.
+        self.applied: dict[int, int] = {int(k): int(v) for k, v in state.get("applied", {}).items()}
         # (second, {"tenant\x1fbucket": entries}) oldest first
         self.slots: deque[tuple[int, dict[str, int]]] = deque(
             (int(sec), dict(per)) for sec, per in state.get("slots", [])
@@ -47,8 +58,33 @@ class CapacityProjection:
             for k, n in per.items():
                 self.per_scope[k] = self.per_scope.get(k, 0) + n
 
+    # -- the projection ------------------------------------------------------------
+
+    def process(self, event: Any, position: int, w: ViewWriter) -> list[ReviewTrigger]:
+        if isinstance(event, Conversation.Created):
+            # Remembered here: a send in the same unit of work may not find its head committed yet.
+            self.tenants[event.originator_id] = event.tenant
+            return []
+        if not isinstance(event, Conversation.MessageSent) or position <= self.applied.get(w.partition, 0):
+            return []
+        self.applied[w.partition] = position
+        self.changed = True
+        tenant = self.tenants.get(event.originator_id)
+        if tenant is None:
+            assert self.store is not None, "a hosted capacity projection needs its store"
+            tenant = self.tenants[event.originator_id] = self.store.conversation_key(event.originator_id)[0]
+        bucket = self.params.size_bucket(event.member_count).value
+        return self.observe(event.at, tenant, bucket, event.fanout_entries, position)
+
+    def flush(self, w: ViewWriter) -> None:
+        """Once per unit of work: the window's state, with the positions it covers."""
+        if self.changed:
+            w.put_capacity(self.name, self.state())
+            self.changed = False
+
     def state(self) -> dict[str, Any]:
         return {
+            "applied": {str(k): v for k, v in self.applied.items()},
             "slots": [[sec, per] for sec, per in self.slots],
             "first_at": self.first_at,
             "last_at": self.last_at,

@@ -19,8 +19,6 @@ from domain.conversation import Conversation
 from domain.delivery import ANNOUNCEMENT, MENTION_ALL, Targets, materialized_members
 from domain.params import Parameters, WritePolicy
 from domain.policy import is_active
-from domain.review import Review
-from domain.tier import Tier
 from projections.ports import MessageRefs, ViewStore, ViewWriter
 from projections.sharding import shard_of
 from projections.state import UserConversationState
@@ -139,17 +137,12 @@ class DeliveryProjection:
         Conversation.ReadMarked,
         Conversation.RebuildRequested,
         Conversation.WritePolicyChanged,
-        Review.Opened,
-        Review.Decided,
-        Tier.Enabled,
-        Tier.RolledBack,
     )
 
     def __init__(self, store: ViewStore, params: Parameters) -> None:
         self.store = store
         self.params = params
         self.models: dict[tuple[str, str], ConversationModel] = {}
-        self.reviews: dict[str, dict[str, Any]] = {}
         self.ids: dict[Any, tuple[str, str]] = {}
 
     # -- working set -------------------------------------------------------
@@ -170,12 +163,20 @@ class DeliveryProjection:
     def process(self, event: Any, position: int, w: ViewWriter) -> list[Delivered]:
         return self._process(event, position, w) or []
 
+    def flush(self, w: ViewWriter) -> None:
+        pass  # every write goes through the writer as it happens
+
     @singledispatchmethod
     def _process(self, event: Any, position: int, w: ViewWriter) -> list[Delivered] | None:
         return None
 
     @_process.register
     def _created(self, e: Conversation.Created, position: int, w: ViewWriter) -> None:
+        existing = self.models.get((e.tenant, e.conversation_id))
+        if existing is None:
+            found = self.store.load_conversation(e.tenant, e.conversation_id)[0]
+            if found is not None and found.get("position", 0) >= position:
+                return  # applied before (at-least-once delivery): its views are already written
         head = {
             "conversation_id": e.conversation_id,
             "title": e.title,
@@ -188,46 +189,60 @@ class DeliveryProjection:
             "write_policy": WritePolicy.ALWAYS.value,
             "broadcasts": 0,
             "created_at": e.at,
+            "position": position,
         }
         head["aggregate_id"] = str(e.originator_id)
         self.models[(e.tenant, e.conversation_id)] = ConversationModel(e.tenant, e.conversation_id, head)
         self.ids[e.originator_id] = (e.tenant, e.conversation_id)
         w.put_head(e.tenant, e.conversation_id, head)
 
-    def _conv(self, e: Any) -> ConversationModel:
+    def _conv(self, e: Any, position: int) -> ConversationModel | None:
+        """The conversation's working set, or None when this event was applied before:
+        its head records the position of the last event applied to it, so a replay
+        (at-least-once delivery, or a unit of work whose views committed but whose
+        tracking did not) changes nothing."""
         key = self.ids.get(e.originator_id)
         if key is None:
             key = self.ids[e.originator_id] = self.store.conversation_key(e.originator_id)
-        return self.model(*key)
+        m = self.model(*key)
+        return None if position <= m.head.get("position", 0) else m
 
-    def _put_head(self, m: ConversationModel, w: ViewWriter) -> None:
+    def _put_head(self, m: ConversationModel, w: ViewWriter, position: int) -> None:
+        """Every event of a conversation ends by writing its head, with its position."""
         m.head["member_count"] = len(m.members)
         m.head["size_bucket"] = self.params.size_bucket(len(m.members)).value
+        m.head["position"] = position
         w.put_head(m.tenant, m.conversation_id, m.head)
 
     @_process.register
     def _joined(self, e: Conversation.MembersJoined, position: int, w: ViewWriter) -> None:
-        m = self._conv(e)
+        m = self._conv(e, position)
+        if m is None:
+            return
         base = m.broadcasts_upto(e.at_seq)
         new = [(u, UserConversationState(read_conversation_seq=e.at_seq, joined_seq=e.at_seq, broadcast_base=base)) for u in e.user_ids]
         for u, s in new:
             m.members[u] = s
         m.joined(e.user_ids, self.params.mailbox_shards)
         w.put_states(m.tenant, m.conversation_id, new)
-        self._put_head(m, w)
+        self._put_head(m, w, position)
 
     @_process.register
     def _left(self, e: Conversation.MemberLeft, position: int, w: ViewWriter) -> None:
-        m = self._conv(e)
+        m = self._conv(e, position)
+        if m is None:
+            return
         if m.members.pop(e.user_id, None) is not None:
             m.left(e.user_id, self.params.mailbox_shards)
         m.skipping.discard(e.user_id)
         w.delete_state(m.tenant, m.conversation_id, e.user_id)
-        self._put_head(m, w)
+        self._put_head(m, w, position)
 
     @_process.register
     def _sent(self, e: Conversation.MessageSent, position: int, w: ViewWriter) -> list[Delivered]:
-        m = self._conv(e)
+        m = self._conv(e, position)
+        if m is None:
+            return []
         tenant, cid, seq = m.tenant, m.conversation_id, e.seq
         broadcast = e.mention_all or e.announcement
         message = {
@@ -253,7 +268,7 @@ class DeliveryProjection:
             last_activity_at=e.at,
             preview=e.text[:PREVIEW_LENGTH],
         )
-        self._put_head(m, w)
+        self._put_head(m, w, position)
 
         targets = Targets(e.sender, tuple(e.mentions), e.reply_to_user, e.mention_all, e.announcement)
         policy = WritePolicy(e.write_policy)
@@ -361,7 +376,9 @@ class DeliveryProjection:
 
     @_process.register
     def _read(self, e: Conversation.ReadMarked, position: int, w: ViewWriter) -> None:
-        m = self._conv(e)
+        m = self._conv(e, position)
+        if m is None:
+            return
         s = m.members.get(e.user_id)
         if s is None:
             return
@@ -371,10 +388,13 @@ class DeliveryProjection:
         # device of this user may not hold them (ADR 0002). Unread is exact again once
         # read_seq passes the gap's end.
         w.put_states(m.tenant, m.conversation_id, [(e.user_id, s)])
+        self._put_head(m, w, position)
 
     @_process.register
     def _rebuild(self, e: Conversation.RebuildRequested, position: int, w: ViewWriter) -> None:
-        m = self._conv(e)
+        m = self._conv(e, position)
+        if m is None:
+            return
         s = m.members.get(e.user_id)
         if s is None:
             return
@@ -384,58 +404,12 @@ class DeliveryProjection:
         s.mention_seqs = sorted(x for x in set(s.mention_seqs) if x > s.read_conversation_seq)
         s.broadcast_base = m.broadcasts_upto(s.read_conversation_seq)
         w.put_states(m.tenant, m.conversation_id, [(e.user_id, s)])
+        self._put_head(m, w, position)
 
     @_process.register
     def _policy(self, e: Conversation.WritePolicyChanged, position: int, w: ViewWriter) -> None:
-        m = self._conv(e)
+        m = self._conv(e, position)
+        if m is None:
+            return
         m.head["write_policy"] = e.to_policy
-        self._put_head(m, w)
-
-    # -- reviews and tiers (small admin views) --------------------------------
-
-    @_process.register
-    def _review_opened(self, e: Review.Opened, position: int, w: ViewWriter) -> None:
-        review = {
-            "review_id": str(e.originator_id),
-            "tenant": e.tenant,
-            "size_bucket": e.size_bucket,
-            "trigger": e.trigger,
-            "details": e.details,
-            "opened_by": e.opened_by,
-            "opened_at": e.at,
-            "status": "open",
-            "decision": None,
-            "decision_params": {},
-            "decided_by": None,
-            "decided_at": None,
-        }
-        self.reviews[str(e.originator_id)] = review
-        w.put_review(review)
-
-    @_process.register
-    def _review_decided(self, e: Review.Decided, position: int, w: ViewWriter) -> None:
-        review = self.reviews.get(str(e.originator_id)) or self.store_review(str(e.originator_id))
-        review.update(status="decided", decision=e.decision, decision_params=e.params, decided_by=e.by, decided_at=e.at)
-        w.put_review(review)
-
-    def store_review(self, review_id: str) -> dict[str, Any]:
-        return dict(self.store.review(review_id))
-
-    @_process.register
-    def _tier_enabled(self, e: Tier.Enabled, position: int, w: ViewWriter) -> None:
-        w.put_tier(
-            {
-                "tier_id": str(e.originator_id),
-                "enabled": True,
-                "review_id": e.review_id,
-                "read_diffusion_min_saving": e.min_saving,
-                "read_diffusion_max_active_ratio": e.max_active_ratio,
-                "changed_at": e.at,
-            }
-        )
-
-    @_process.register
-    def _tier_rolled_back(self, e: Tier.RolledBack, position: int, w: ViewWriter) -> None:
-        w.put_tier({"tier_id": str(e.originator_id), "enabled": False, "changed_at": e.at})
-
-
+        self._put_head(m, w, position)

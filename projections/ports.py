@@ -61,7 +61,17 @@ class MailboxStore(Protocol):
 
 
 class ViewWriter(Protocol):
-    def track(self, projection: str, position: int) -> None: ...
+    """The writes of one unit of work. Every write is an idempotent upsert (or a delete),
+    so applying an event twice (at-least-once delivery) changes nothing; a conversation's
+    head records the position of the last event applied to it, and the projections skip
+    events at or below it. Tracking is written after everything else of the unit."""
+
+    mailbox_entries: int  # entries queued in this unit (the runner bounds a unit by it)
+    partition: int  # the log partition this unit applies (embedded: 0; Kafka: the partition)
+
+    def track(self, projection: str, position: int, partition: int = 0) -> None: ...
+
+    def put_capacity(self, name: str, body: dict[str, Any]) -> None: ...
 
     def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any]) -> None: ...
 
@@ -91,7 +101,9 @@ class ViewStore(Protocol):
 
     def review(self, review_id: str) -> dict[str, Any]: ...
 
-    def position(self, projection: str) -> int: ...
+    def position(self, projection: str, partition: int = 0) -> int: ...
+
+    def capacity_state(self, name: str) -> dict[str, Any] | None: ...
 
     # reads used by projections at start-up
     def load_conversation(

@@ -17,12 +17,10 @@ from eventsourcing.application import Application
 from eventsourcing.persistence import Notification
 
 from adapters.sqlite_views import ALL_PARTS, SqliteViews
-from domain.conversation import Conversation
 from domain.params import Parameters
 from domain.review import topics_of
 from fanout.overload import Throttled, storage_failure
-from projections.capacity import CapacityProjection, ReviewTrigger
-from projections.delivery import Delivered, DeliveryProjection
+from projections.hosting import PROJECTIONS, Effect, Projection, build_projections, topics
 
 log = logging.getLogger("fanout.runner")
 RETRY_AFTER_FAILURE = 0.5  # seconds between attempts while the projection fails
@@ -36,8 +34,7 @@ class EmbeddedRunner:
         params: Parameters,
         *,
         parts: frozenset[str] = ALL_PARTS,
-        on_delivered: Callable[[Sequence[Delivered]], None] | None = None,
-        on_trigger: Callable[[ReviewTrigger], None] | None = None,
+        on_effects: Callable[[Sequence[Effect]], None] | None = None,
         batch: int = 500,
         max_entries_per_commit: int = 200_000,
     ) -> None:
@@ -45,13 +42,11 @@ class EmbeddedRunner:
         self.views = views
         self.params = params
         self.parts = parts
-        self.delivery = DeliveryProjection(views, params)
-        self.capacity = CapacityProjection(params, views.capacity_state(CapacityProjection.name))
-        self.on_delivered = on_delivered
-        self.on_trigger = on_trigger
+        self.on_effects = on_effects
+        self.reset()
         self.batch = batch
         self.max_entries_per_commit = max_entries_per_commit
-        self.topics = topics_of(*DeliveryProjection.topics)
+        self.topics = topics_of(*topics(self.projections))
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._progress = threading.Condition()
@@ -125,13 +120,16 @@ class EmbeddedRunner:
 
     def reset(self) -> None:
         """Forget in-memory working state; it is reloaded from the committed views."""
-        self.delivery = DeliveryProjection(self.views, self.params)
-        self.capacity = CapacityProjection(self.params, self.views.capacity_state(CapacityProjection.name))
+        self.projections = build_projections(self.views, self.params)
+        self._routes: dict[type, tuple[Projection, ...]] = {
+            t: tuple(p for p in self.projections if t in p.topics) for t in topics(self.projections)
+        }
 
     # -- positions -------------------------------------------------------------
 
     def position(self) -> int:
-        return self.views.position(DeliveryProjection.name)
+        """The log position the views hold: every projection commits in the same unit."""
+        return self.views.position(PROJECTIONS[0])
 
     def log_position(self) -> int:
         return self.app.recorder.max_notification_id() or 0
@@ -173,7 +171,8 @@ class EmbeddedRunner:
         through = top if len(notes) < self.batch else None
         if not notes:
             with self.views.unit_of_work(self.parts) as w:
-                w.track(DeliveryProjection.name, top)
+                for p in self.projections:
+                    w.track(p.name, top)
             self.committed = top
         done = 0
         while done < len(notes):
@@ -185,42 +184,33 @@ class EmbeddedRunner:
 
     def _commit(self, notes: Sequence[Notification], through: int | None = None) -> int:
         """Apply notifications in one unit of work; returns how many were applied.
-        When all of them fit and `through` is given, the position recorded is `through`."""
-        delivered: list[Delivered] = []
-        triggers: list[ReviewTrigger] = []
+        When all of them fit and `through` is given, the position recorded is `through`.
+        The effects are acted on only after the commit (invariant O)."""
+        effects: list[Effect] = []
         count = 0
-        capacity_changed = False
-        with self.views.unit_of_work(self.parts) as w:
-            for note in notes:
-                event = self.app.mapper.to_domain_event(note)
-                effects = self.delivery.process(event, note.id, w)
-                delivered.extend(effects)
-                if isinstance(event, Conversation.MessageSent):
-                    tenant = effects[0].tenant if effects else "-"
-                    bucket = self.params.size_bucket(event.member_count).value
-                    triggers.extend(self.capacity.observe(event.at, tenant, bucket, event.fanout_entries, note.id))
-                    capacity_changed = True
-                w.track(DeliveryProjection.name, note.id)
-                count += 1
-                if w.mailbox_entries >= self.max_entries_per_commit:
-                    break
-            if through is not None and count == len(notes):
-                w.track(DeliveryProjection.name, through)
-            if capacity_changed:  # once per unit of work, with its tracking position
-                w.put_capacity(CapacityProjection.name, self.capacity.state())
-            entries = w.mailbox_entries
+        try:
+            with self.views.unit_of_work(self.parts) as w:
+                for note in notes:
+                    event = self.app.mapper.to_domain_event(note)
+                    for p in self._routes.get(type(event), ()):
+                        effects.extend(p.process(event, note.id, w))
+                    count += 1
+                    if w.mailbox_entries >= self.max_entries_per_commit:
+                        break
+                last = through if through is not None and count == len(notes) else notes[count - 1].id
+                for p in self.projections:
+                    p.flush(w)
+                    w.track(p.name, last)
+                entries = w.mailbox_entries
+        except BaseException:
+            # The working sets ran ahead of what committed: reload them from the views.
+            self.reset()
+            raise
         self.processed += count
         self.entries_written += entries
-        # Online push only after the mailbox entries are durable (invariant O).
-        if delivered and self.on_delivered is not None:
+        if effects and self.on_effects is not None:
             try:
-                self.on_delivered(delivered)
+                self.on_effects(effects)
             except Exception:
-                log.exception("online push failed (mailbox entries are durable)")
-        for t in triggers:
-            if self.on_trigger is not None:
-                try:
-                    self.on_trigger(t)
-                except Exception:
-                    log.exception("could not open review for %s", t.trigger)
+                log.exception("acting on the effects failed (the views are committed)")
         return count

@@ -377,7 +377,7 @@ def capacity_report(data_dir: Path, params: Parameters) -> dict[str, Any]:
         state = views.capacity_state(CapacityProjection.name)
     finally:
         views.close()
-    cap = CapacityProjection(params, state)
+    cap = CapacityProjection(params, state=state)
     rates = cap.rates()
     limits = cap.limits()
     t1_limit, t2_limit = limits["T1"], limits["T2"]

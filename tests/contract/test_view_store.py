@@ -34,6 +34,7 @@ def head(cid: str, latest: int = 0, at: float = 1.0, policy: str = "always", ten
         "write_policy": policy,
         "broadcasts": 0,
         "created_at": 0.0,
+        "position": latest,
     }
 
 

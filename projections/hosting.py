@@ -1,0 +1,47 @@
+"""What a projection host (the embedded runner; Faust agents next) needs to know: one
+shape for every projection, and the one declared list of them.
+
+A projection is `process(event, position, writer) -> effects`: it folds an event into
+the views through the writer (idempotent upserts: a replayed event changes nothing) and
+returns plain, serialisable effect records for the host to act on AFTER the unit of
+work has committed: `Delivered` (online push, invariant O) and `ReviewTrigger` (open a
+review, ADR decision 3). `flush(writer)` ends each unit of work (state kept in memory
+between events is written once per unit, not per event). A host loops over
+`PROJECTIONS` and knows nothing of what each one does."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from domain.params import Parameters
+from projections.admin import AdminProjection
+from projections.capacity import CapacityProjection, ReviewTrigger
+from projections.delivery import Delivered, DeliveryProjection
+from projections.ports import ViewStore, ViewWriter
+
+Effect = Delivered | ReviewTrigger
+
+
+class Projection(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def topics(self) -> tuple[type, ...]: ...
+
+    def process(self, event: Any, position: int, w: ViewWriter) -> list[Any]: ...
+
+    def flush(self, w: ViewWriter) -> None: ...
+
+
+PROJECTIONS: tuple[str, ...] = (DeliveryProjection.name, CapacityProjection.name, AdminProjection.name)
+
+
+def build_projections(store: ViewStore, params: Parameters) -> tuple[Projection, ...]:
+    """The projections every host runs, in this order, with their working sets empty
+    (they load what they need from the committed views)."""
+    return (DeliveryProjection(store, params), CapacityProjection(params, store), AdminProjection(store))
+
+
+def topics(projections: tuple[Projection, ...]) -> tuple[type, ...]:
+    return tuple(dict.fromkeys(t for p in projections for t in p.topics))
