@@ -26,6 +26,15 @@ class AdminProjection:
     def flush(self, w: ViewWriter) -> None:
         pass
 
+    def missing(self, event: Any) -> bool:
+        return isinstance(event, Review.Decided) and str(event.originator_id) not in self.reviews
+
+    def load(self, event: Any) -> None:
+        self.reviews[str(event.originator_id)] = dict(self.store.review(str(event.originator_id)))
+
+    def forget(self, conversation_ids: set[Any] | None = None) -> None:
+        self.reviews.clear()
+
     @singledispatchmethod
     def _process(self, event: Any, position: int, w: ViewWriter) -> None:
         return None
@@ -51,12 +60,11 @@ class AdminProjection:
 
     @_process.register
     def _review_decided(self, e: Review.Decided, position: int, w: ViewWriter) -> None:
-        review = self.reviews.get(str(e.originator_id)) or self.store_review(str(e.originator_id))
+        if self.missing(e):
+            self.load(e)
+        review = self.reviews[str(e.originator_id)]
         review.update(status="decided", decision=e.decision, decision_params=e.params, decided_by=e.by, decided_at=e.at)
         w.put_review(review)
-
-    def store_review(self, review_id: str) -> dict[str, Any]:
-        return dict(self.store.review(review_id))
 
     @_process.register
     def _tier_enabled(self, e: Tier.Enabled, position: int, w: ViewWriter) -> None:

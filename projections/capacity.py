@@ -69,12 +69,25 @@ class CapacityProjection:
             return []
         self.applied[w.partition] = position
         self.changed = True
-        tenant = self.tenants.get(event.originator_id)
-        if tenant is None:
-            assert self.store is not None, "a hosted capacity projection needs its store"
-            tenant = self.tenants[event.originator_id] = self.store.conversation_key(event.originator_id)[0]
+        if self.missing(event):
+            self.load(event)
+        tenant = self.tenants[event.originator_id]
         bucket = self.params.size_bucket(event.member_count).value
         return self.observe(event.at, tenant, bucket, event.fanout_entries, position)
+
+    def missing(self, event: Any) -> bool:
+        return isinstance(event, Conversation.MessageSent) and event.originator_id not in self.tenants
+
+    def load(self, event: Any) -> None:
+        assert self.store is not None, "a hosted capacity projection needs its store"
+        self.tenants[event.originator_id] = self.store.conversation_key(event.originator_id)[0]
+
+    def forget(self, conversation_ids: set[Any] | None = None) -> None:
+        if conversation_ids is None:
+            self.tenants.clear()
+        else:
+            for aggregate_id in conversation_ids:
+                self.tenants.pop(aggregate_id, None)
 
     def flush(self, w: ViewWriter) -> None:
         """Once per unit of work: the window's state, with the positions it covers."""

@@ -144,6 +144,7 @@ class DeliveryProjection:
         self.params = params
         self.models: dict[tuple[str, str], ConversationModel] = {}
         self.ids: dict[Any, tuple[str, str]] = {}
+        self.absent: set[tuple[str, str]] = set()  # conversations known to have no views yet
 
     # -- working set -------------------------------------------------------
 
@@ -151,12 +152,57 @@ class DeliveryProjection:
         key = (tenant, conversation_id)
         m = self.models.get(key)
         if m is None:
-            head, states, broadcasts = self.store.load_conversation(tenant, conversation_id)
-            if head is None:
+            m = self._load(key)
+            if m is None:
                 raise LookupError(f"no head for {tenant}/{conversation_id}: the log is ahead of the views")
-            m = ConversationModel(tenant, conversation_id, dict(head), dict(states), broadcasts)
-            self.models[key] = m
         return m
+
+    def _load(self, key: tuple[str, str]) -> ConversationModel | None:
+        head, states, broadcasts = self.store.load_conversation(*key)
+        if head is None:
+            self.absent.add(key)
+            return None
+        m = self.models[key] = ConversationModel(key[0], key[1], dict(head), dict(states), broadcasts)
+        self.absent.discard(key)
+        return m
+
+    # -- loading apart from processing (an asyncio host must not block its loop) ----
+
+    def missing(self, event: Any) -> bool:
+        """Whether process(event) would read the store to load a working set. A host
+        with an event loop calls load(event) in an executor first; then process() only
+        computes and writes through the writer."""
+        if isinstance(event, Conversation.Created):
+            created = (event.tenant, event.conversation_id)
+            return created not in self.models and created not in self.absent
+        if not isinstance(event, self.topics):
+            return False
+        key = self.ids.get(event.originator_id)
+        return key is None or key not in self.models
+
+    def load(self, event: Any) -> None:
+        """The blocking reads of process(event), done ahead (see missing)."""
+        if isinstance(event, Conversation.Created):
+            self._load((event.tenant, event.conversation_id))
+            return
+        key = self.ids.get(event.originator_id)
+        if key is None:
+            key = self.ids[event.originator_id] = self.store.conversation_key(event.originator_id)
+        if key not in self.models:
+            self._load(key)
+
+    def forget(self, conversation_ids: set[Any] | None = None) -> None:
+        """Drop working sets (all, or those of these aggregate ids): a revoked partition's
+        conversations are reloaded from the views by whoever is assigned them next."""
+        if conversation_ids is None:
+            self.models.clear()
+            self.ids.clear()
+            self.absent.clear()
+            return
+        for aggregate_id in conversation_ids:
+            key = self.ids.pop(aggregate_id, None)
+            if key is not None:
+                self.models.pop(key, None)
 
     # -- dispatch ------------------------------------------------------------
 
@@ -172,11 +218,13 @@ class DeliveryProjection:
 
     @_process.register
     def _created(self, e: Conversation.Created, position: int, w: ViewWriter) -> None:
-        existing = self.models.get((e.tenant, e.conversation_id))
-        if existing is None:
-            found = self.store.load_conversation(e.tenant, e.conversation_id)[0]
-            if found is not None and found.get("position", 0) >= position:
-                return  # applied before (at-least-once delivery): its views are already written
+        key = (e.tenant, e.conversation_id)
+        existing = self.models.get(key)
+        if existing is None and key not in self.absent:
+            existing = self._load(key)
+        if existing is not None and existing.head.get("position", 0) >= position:
+            return  # applied before (at-least-once delivery): its views are already written
+        self.absent.discard(key)
         head = {
             "conversation_id": e.conversation_id,
             "title": e.title,

@@ -6,7 +6,9 @@ the views through the writer (idempotent upserts: a replayed event changes nothi
 returns plain, serialisable effect records for the host to act on AFTER the unit of
 work has committed: `Delivered` (online push, invariant O) and `ReviewTrigger` (open a
 review, ADR decision 3). `flush(writer)` ends each unit of work (state kept in memory
-between events is written once per unit, not per event). A host loops over
+between events is written once per unit, not per event). `missing`/`load` split the
+blocking reads off `process` for hosts with an event loop; `forget` drops working sets
+when a partition is revoked. A host loops over
 `PROJECTIONS` and knows nothing of what each one does."""
 
 from __future__ import annotations
@@ -32,6 +34,15 @@ class Projection(Protocol):
     def process(self, event: Any, position: int, w: ViewWriter) -> list[Any]: ...
 
     def flush(self, w: ViewWriter) -> None: ...
+
+    def missing(self, event: Any) -> bool:
+        """Whether process(event) would block on a store read (a working set not loaded)."""
+
+    def load(self, event: Any) -> None:
+        """Those reads, done ahead: an asyncio host (Faust) runs this in an executor."""
+
+    def forget(self, conversation_ids: set[Any] | None = None) -> None:
+        """Drop working sets (all, or these conversations'): a revoked partition."""
 
 
 PROJECTIONS: tuple[str, ...] = (DeliveryProjection.name, CapacityProjection.name, AdminProjection.name)
