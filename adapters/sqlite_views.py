@@ -374,18 +374,13 @@ ALL_PARTS = frozenset({"mailbox", "state", "heads"})
 class SqliteViews:
     """The views database plus the mailbox store; one writer, many readers."""
 
-    def __init__(
-        self, data_dir: Path | str, mailbox: MailboxStore | None = None, *, prefix: str = "", shards: int = 16
-    ) -> None:
+    def __init__(self, data_dir: Path | str, mailbox: MailboxStore, *, prefix: str = "") -> None:
+        """`mailbox` is the mailbox store these views own (which engine: fanout/bootstrap.py)."""
         self.dir = Path(data_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / f"{prefix}views.sqlite"
         self._con = connect(self.path)
         migrate_views(self._con)
-        if mailbox is None:
-            from adapters.rocksdb_mailbox import RocksMailbox
-
-            mailbox = RocksMailbox(self.dir / f"{prefix}mailbox.rocksdb", shards)
         self.mailbox: MailboxStore = mailbox
         self._local = threading.local()
         self._write_lock = threading.Lock()

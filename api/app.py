@@ -22,7 +22,7 @@ from api.metrics import Metrics
 from api.routes import setup_routes
 from api.ws import close_sockets
 from fanout.overload import Throttled, fd_soft_limit, raise_fd_limit
-from fanout.runtime import EmbeddedRuntime
+from fanout.runtime import Runtime
 
 log = logging.getLogger("fanout.api")
 throttled = Throttled(log)
@@ -93,7 +93,7 @@ async def quiet_accept_errors(app: web.Application) -> None:
     loop.set_exception_handler(handler)
 
 
-def create_app(runtime: EmbeddedRuntime, secret: str, *, metrics: Metrics | None = None) -> web.Application:
+def create_app(runtime: Runtime, secret: str, *, metrics: Metrics | None = None) -> web.Application:
     """The API over a runtime. The caller owns the runtime: start it before serving,
     close it after the app's cleanup."""
     app = web.Application(middlewares=[error_middleware, backpressure_middleware], client_max_size=MAX_BODY_BYTES)
@@ -144,7 +144,7 @@ def listen(host: str, port: int, backlog: int = 128) -> list[socket.socket]:
 
 
 def run(
-    runtime: EmbeddedRuntime,
+    runtime: Runtime,
     secret: str,
     host: str = "127.0.0.1",
     port: int = 8080,
@@ -153,10 +153,10 @@ def run(
 ) -> None:
     """Serve until SIGINT/SIGTERM (`fanout serve`) on `sockets` (from `listen`), or on
     host:port bound here. Starts the runtime's projectors if they are not running; closing
-    the runtime stays with the caller (`with EmbeddedRuntime(...)`)."""
+    the runtime stays with the caller (`with bootstrap(...)`)."""
     if sockets is None:
         sockets = listen(host, port)
-    if not runtime.runner.running:
+    if not runtime.running:
         runtime.start()
     before, after = raise_fd_limit()
     if after != before:
@@ -164,6 +164,6 @@ def run(
     web.run_app(
         create_app(runtime, secret),
         sock=sockets,
-        print=lambda _: log.info("fanout API on http://%s:%s (data dir %s)", host, port, runtime.data_dir),
+        print=lambda _: log.info("fanout API on http://%s:%s", host, port),
         access_log=None,
     )

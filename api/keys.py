@@ -12,13 +12,13 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from api.metrics import Metrics
-from fanout.runtime import EmbeddedRuntime
+from fanout.runtime import Runtime
 
 T = TypeVar("T")
 
 MAX_BODY_BYTES = 1024 * 1024  # larger bodies are PAYLOAD_TOO_LARGE (client_max_size)
 
-RUNTIME = web.AppKey("runtime", EmbeddedRuntime)
+RUNTIME = web.AppKey("runtime", Runtime)  # the protocol: any runtime serves the API
 SECRET = web.AppKey("secret", str)
 METRICS = web.AppKey("metrics", Metrics)
 EXECUTOR = web.AppKey("executor", ThreadPoolExecutor)

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from domain.errors import FanoutError
+from fanout.runtime import Runtime
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 ADMISSION_GATES = (
@@ -25,14 +26,14 @@ ADMISSION_GATES = (
 )
 
 
-def capacity_rates(runtime: Any) -> dict[str, float]:
+def capacity_rates(runtime: Runtime) -> dict[str, float]:
     """runtime.capacity().rates(): running sums, safe to read from another thread."""
     return dict(runtime.capacity().rates())
 
 
 class Metrics:
     def __init__(
-        self, runtime: Any, *, alpha_refresh: float = 30.0, clock: Callable[[], float] = time.monotonic
+        self, runtime: Runtime, *, alpha_refresh: float = 30.0, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.runtime = runtime
         self.registry = CollectorRegistry()
@@ -101,11 +102,11 @@ class _RuntimeCollector:
             if summary["alpha_mean"] is not None:
                 ratio.add_metric([bucket], summary["alpha_mean"])
         yield ratio
-        log_position = rt.runner.log_position()
+        log_position = rt.log_position()
         yield GaugeMetricFamily(
             "fanout_projection_lag",
             "Events in the log not yet projected into the views",
-            value=max(0, log_position - rt.runner.position()),
+            value=max(0, log_position - rt.position()),
         )
         yield CounterMetricFamily(
             "fanout_review_triggers",

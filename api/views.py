@@ -19,7 +19,7 @@ from api.metrics import CONTENT_TYPE, capacity_rates
 from domain.errors import InvalidArgument, NotAMember, NotFound, Unavailable
 from domain.params import SizeBucket
 from fanout.application import review_dict
-from fanout.runtime import EmbeddedRuntime
+from fanout.runtime import Runtime
 from fanout.security import Claims
 from fanout.strict_json import INT64_MAX
 
@@ -30,43 +30,43 @@ REBUILD_TIMEOUT = 10.0
 POSITION_HEADER = "X-Fanout-Position"
 MIN_POSITION_HEADER = "X-Fanout-Min-Position"
 
-_waiting: weakref.WeakKeyDictionary[EmbeddedRuntime, int] = weakref.WeakKeyDictionary()
+_waiting: weakref.WeakKeyDictionary[Runtime, int] = weakref.WeakKeyDictionary()
 _waiting_lock = threading.Lock()
 
 
 # -- blocking helpers (run in the executor) ------------------------------------
 
 
-def projected(rt: EmbeddedRuntime, position: int | None = None, timeout: float = READ_THROUGH_TIMEOUT) -> bool:
+def projected(rt: Runtime, position: int | None = None, timeout: float = READ_THROUGH_TIMEOUT) -> bool:
     """The one wait for the views: until the projector has applied `position` (default:
     the whole log as written now), at most `timeout` s. True once it has; False at the
     timeout, or at once when no projector runs (nothing would move the views)."""
-    target = rt.runner.log_position() if position is None else position
-    if rt.runner.position() >= target:
+    target = rt.log_position() if position is None else position
+    if rt.position() >= target:
         return True
-    if not rt.runner.running:
+    if not rt.running:
         return False
     with _waiting_lock:
         _waiting[rt] = _waiting.get(rt, 0) + 1
     try:
-        return rt.runner.wait_until(target, timeout)
+        return rt.wait_until(target, timeout)
     finally:
         with _waiting_lock:
             _waiting[rt] -= 1
 
 
-def waiting_reads(rt: EmbeddedRuntime) -> int:
+def waiting_reads(rt: Runtime) -> int:
     """Requests waiting in `projected` now (shown by /v1/admin/projections)."""
     with _waiting_lock:
         return _waiting.get(rt, 0)
 
 
-def fresh(rt: EmbeddedRuntime, min_position: int | None) -> None:
+def fresh(rt: Runtime, min_position: int | None) -> None:
     """A read that asked for min_position: wait (bounded by FANOUT_FRESH_READ_TIMEOUT)
     until the views hold it; UNAVAILABLE (503, Retry-After) if they do not in time."""
     if min_position is None:
         return
-    log_position = rt.runner.log_position()
+    log_position = rt.log_position()
     if min_position > log_position:
         raise InvalidArgument(
             f"min_position {min_position} is beyond the log position {log_position}",
@@ -74,23 +74,23 @@ def fresh(rt: EmbeddedRuntime, min_position: int | None) -> None:
             log_position=log_position,
         )
     if not projected(rt, min_position, rt.params.fresh_read_timeout):
-        position = rt.runner.position()
+        position = rt.position()
         raise Unavailable(
             f"the views are at log position {position}, not yet at min_position {min_position}; retry",
             position=position,
             min_position=min_position,
             log_position=log_position,
-            projector_running=rt.runner.running,
+            projector_running=rt.running,
             retry_after_ms=1000,
         )
 
 
-def fresh_read(rt: EmbeddedRuntime, min_position: int | None, fn: Any, *args: Any) -> Any:
+def fresh_read(rt: Runtime, min_position: int | None, fn: Any, *args: Any) -> Any:
     fresh(rt, min_position)
     return fn(*args)
 
 
-def read_through(rt: EmbeddedRuntime, fn: Any, *args: Any) -> Any:
+def read_through(rt: Runtime, fn: Any, *args: Any) -> Any:
     """Read a view; on a miss, wait for the projection to catch up once and read again,
     so a caller reads its own writes (a conversation it just created, a join)."""
     try:
@@ -98,18 +98,18 @@ def read_through(rt: EmbeddedRuntime, fn: Any, *args: Any) -> Any:
     except (NotFound, NotAMember):
         # No "is it behind?" check first: the projector may commit between the miss and
         # that check (a flaky read-your-write seen in CI). Waiting when caught up is free.
-        if not rt.runner.running:
+        if not rt.running:
             raise
     projected(rt)
     return fn(*args)
 
 
-def latest_seq(rt: EmbeddedRuntime, tenant: str, conversation_id: str) -> int:
+def latest_seq(rt: Runtime, tenant: str, conversation_id: str) -> int:
     """The command side's conversation_seq: the authority on which seqs exist."""
     return int(rt.app.conversation(tenant, conversation_id).seq)
 
 
-def check_seq_exists(rt: EmbeddedRuntime, tenant: str, conversation_id: str, seq: int, field: str) -> None:
+def check_seq_exists(rt: Runtime, tenant: str, conversation_id: str, seq: int, field: str) -> None:
     latest = latest_seq(rt, tenant, conversation_id)
     if seq > latest:
         raise InvalidArgument(
@@ -119,14 +119,14 @@ def check_seq_exists(rt: EmbeddedRuntime, tenant: str, conversation_id: str, seq
         )
 
 
-def history(rt: EmbeddedRuntime, tenant: str, conversation_id: str, user_id: str, after_seq: int, limit: int) -> Any:
+def history(rt: Runtime, tenant: str, conversation_id: str, user_id: str, after_seq: int, limit: int) -> Any:
     read_through(rt, rt.queries.require_member, tenant, conversation_id, user_id)
     check_seq_exists(rt, tenant, conversation_id, after_seq, "after_seq")
     return rt.queries.history(tenant, conversation_id, user_id, after_seq, limit)
 
 
 def delivery(
-    rt: EmbeddedRuntime, tenant: str, conversation_id: str, seq: int, min_position: int | None = None
+    rt: Runtime, tenant: str, conversation_id: str, seq: int, min_position: int | None = None
 ) -> dict[str, Any]:
     fresh(rt, min_position)
     check_seq_exists(rt, tenant, conversation_id, seq, "seq")
@@ -142,7 +142,7 @@ def delivery(
     return rt.queries.pending_delivery(conversation_id, sent)
 
 
-def conversation_sessions(rt: EmbeddedRuntime, tenant: str, user_id: str, conversation_id: str) -> dict[str, Any]:
+def conversation_sessions(rt: Runtime, tenant: str, user_id: str, conversation_id: str) -> dict[str, Any]:
     sessions, big = rt.queries.session_list(tenant, user_id)
     return {
         "sessions": [s for s in sessions if s["conversation_id"] == conversation_id],
@@ -150,26 +150,26 @@ def conversation_sessions(rt: EmbeddedRuntime, tenant: str, user_id: str, conver
     }
 
 
-def rebuild(rt: EmbeddedRuntime, tenant: str, conversation_id: str, user_id: str) -> dict[str, Any]:
+def rebuild(rt: Runtime, tenant: str, conversation_id: str, user_id: str) -> dict[str, Any]:
     """REBUILD, then the conversation's fresh session item once it is projected."""
     result = rt.app.request_rebuild(tenant, conversation_id, user_id)
     projected(rt, result["position"], REBUILD_TIMEOUT)
     return {**result, **conversation_sessions(rt, tenant, user_id, conversation_id)}
 
 
-def review(rt: EmbeddedRuntime, tenant: str, review_id: str) -> dict[str, Any]:
+def review(rt: Runtime, tenant: str, review_id: str) -> dict[str, Any]:
     return review_dict(rt.app.review(tenant, review_id))  # app.review takes the command lock
 
 
-def review_list(rt: EmbeddedRuntime, tenant: str, min_position: int | None = None) -> list[dict[str, Any]]:
+def review_list(rt: Runtime, tenant: str, min_position: int | None = None) -> list[dict[str, Any]]:
     if min_position is None:
         projected(rt)
     else:
         fresh(rt, min_position)
-    return list(rt.views.reviews(tenant))
+    return rt.queries.reviews(tenant)
 
 
-def capacity(rt: EmbeddedRuntime, tenant: str) -> dict[str, Any]:
+def capacity(rt: Runtime, tenant: str) -> dict[str, Any]:
     p = rt.params
     rates = capacity_rates(rt)
     firing = dict(rt.capacity().firing)
@@ -196,12 +196,12 @@ def capacity(rt: EmbeddedRuntime, tenant: str) -> dict[str, Any]:
     }
 
 
-def projections(rt: EmbeddedRuntime) -> dict[str, Any]:
-    log_position = rt.runner.log_position()
-    positions = rt.views.positions() or {("delivery", 0): rt.runner.position()}
+def projections(rt: Runtime) -> dict[str, Any]:
+    log_position = rt.log_position()
+    positions = rt.projections_status()
     return {
         "log_position": log_position,
-        "running": rt.runner.running,
+        "running": rt.running,
         "waiting_reads": waiting_reads(rt),
         "projections": [
             {
@@ -210,8 +210,8 @@ def projections(rt: EmbeddedRuntime) -> dict[str, Any]:
                 "position": position,
                 "log_position": log_position,
                 "lag": max(0, log_position - position),
-                "running": rt.runner.running,
-                "last_error": rt.runner.last_error,
+                "running": rt.running,
+                "last_error": rt.last_error,
             }
             for (name, partition), position in sorted(positions.items())
         ],
@@ -269,13 +269,13 @@ async def readyz(request: web.Request, who: None, data: None) -> web.Response:
     rt = request.app[RUNTIME]
 
     def check() -> dict[str, Any]:
-        log_position = rt.runner.log_position()  # touches the event store
-        return {"running": rt.runner.running, "last_error": rt.runner.last_error, "log_position": log_position}
+        log_position = rt.log_position()  # touches the event store
+        return {"running": rt.running, "last_error": rt.last_error, "log_position": log_position}
 
     try:
         state = await blocking(request.app, check)
     except Exception as exc:  # an unreachable engine is "not ready", not an error of this request
-        state = {"running": rt.runner.running, "last_error": f"{type(exc).__name__}: {exc}"}
+        state = {"running": rt.running, "last_error": f"{type(exc).__name__}: {exc}"}
     ready = bool(state["running"]) and state["last_error"] is None
     return reply({"status": "ready" if ready else "not_ready", **state}, status=200 if ready else 503)
 

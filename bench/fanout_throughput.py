@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from domain.params import Parameters, Rate
-from fanout.runtime import EmbeddedRuntime
+from fanout.bootstrap import EmbeddedRuntime, bootstrap
 
 
 def rss_peak_mib() -> float:
@@ -69,7 +69,7 @@ def send(rt: EmbeddedRuntime, clock: Clock, cid: str, i: int, members: int) -> i
 
 def bench_fanout(args: argparse.Namespace, root: Path) -> dict[str, float]:
     clock = Clock()
-    rt = EmbeddedRuntime(root / "fanout", params_for_bench(args.members), clock=clock)
+    rt = bootstrap(params_for_bench(args.members), root / "fanout", clock=clock)
     users = [f"u{i:06d}" for i in range(args.members)]
     rt.app.create_conversation("bench", "big", "benchmark group", users)
     rt.runner.catch_up()
@@ -173,7 +173,7 @@ def bench_naive(args: argparse.Namespace, root: Path) -> dict[str, float]:
 
 def bench_sessions(args: argparse.Namespace, root: Path) -> dict[str, float]:
     clock = Clock()
-    rt = EmbeddedRuntime(root / "sessions", params_for_bench(10), clock=clock)
+    rt = bootstrap(params_for_bench(10), root / "sessions", clock=clock)
     for i in range(args.sessions):
         cid = f"c{i:05d}"
         rt.app.create_conversation("bench", cid, f"group {i}", ["heavy", f"x{i}", f"y{i}"])

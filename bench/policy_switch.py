@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from domain.params import Parameters
-from fanout.runtime import EmbeddedRuntime
+from fanout.bootstrap import bootstrap
 
 
 def main() -> None:
@@ -30,7 +30,7 @@ def main() -> None:
         Parameters(), tenant_fanout_quota_capacity=1e12, tenant_fanout_quota_refill_per_sec=1e12
     )
     try:
-        with EmbeddedRuntime(root, params, clock=lambda: clock[0]) as rt:
+        with bootstrap(params, root, clock=lambda: clock[0]) as rt:
             app = rt.app
             app.create_conversation("bench", "big", "", [f"u{i:06d}" for i in range(args.members)])
             rt.runner.catch_up()

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from domain.params import Parameters, Rate
-from fanout.runtime import EmbeddedRuntime
+from fanout.bootstrap import bootstrap
 
 
 def main() -> None:
@@ -29,7 +29,7 @@ def main() -> None:
     clock = [1_800_000_000.0]
     params = dataclasses.replace(Parameters(), rate_small=1e6, per_sender_in_conversation_rate=Rate(1e6, 1.0))
     try:
-        with EmbeddedRuntime(root, params, clock=lambda: clock[0]) as rt:
+        with bootstrap(params, root, clock=lambda: clock[0]) as rt:
             for g in range(args.groups):
                 rt.app.create_conversation("bench", f"g{g}", "", [f"u{i}" for i in range(args.members)])
             rt.runner.catch_up()

@@ -30,9 +30,9 @@ from eventsourcing.utils import get_topic
 from domain.conversation import Conversation
 from domain.errors import RateLimited
 from domain.params import Parameters
+from fanout.bootstrap import DataDirLock, EmbeddedRuntime, bootstrap
 from fanout.clock import FakeClock
 from fanout.push import Connection
-from fanout.runtime import DataDirLock, EmbeddedRuntime
 from projections.state import unread_exact
 
 TENANT = "demo"
@@ -144,7 +144,7 @@ def run_demo(
     try:
         prepare_data_dir(data_dir, force)
         clock = FakeClock(float(int(time.time())))
-        rt = EmbeddedRuntime(data_dir, params, clock=clock, lock=False)
+        rt = bootstrap(params, data_dir, clock=clock, lock=False)
         loop = asyncio.new_event_loop()
         try:
             summary = _Story(rt, clock, members, o, loop).run()
@@ -182,7 +182,7 @@ class _Story:
     # -- helpers ----------------------------------------------------------------
 
     def project(self) -> None:
-        self.rt.runner.catch_up()
+        self.rt.catch_up()
 
     def send(self, cid: str, sender: str, text: str, show: bool = True, **kw: Any) -> int:
         """Send; a rate-limit rejection advances the fake clock by its retry hint."""
@@ -303,7 +303,7 @@ class _Story:
                f" -> meets={crit['meets']} (N_eq = {crit['n_eq']:,.0f})")  # fmt: skip
         review = self.app.open_review(TENANT, self.bucket, "manual", {"alpha": alpha, "note": "demo"}, "ops@demo")
         self.clock.advance(600)
-        before = self.rt.runner.log_position()
+        before = self.rt.log_position()
         self.project()
         self.app.decide_review(
             TENANT,

@@ -14,9 +14,9 @@ from typing import Any
 
 from adapters.rocksdb_mailbox import ShardCountMismatch
 from domain.errors import FanoutError
+from fanout.bootstrap import DataDirBusy
 from fanout.config import ConfigError, Settings, load_settings, parse_duration
 from fanout.overload import startup_error
-from fanout.runtime import DataDirBusy
 
 PROG = "fanout"
 
@@ -40,7 +40,8 @@ def strict_dumps(value: Any, **kwargs: Any) -> str:
 
 def cmd_serve(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
     from api.app import CannotListen, listen, run
-    from fanout.runtime import EmbeddedRuntime
+    from fanout.bootstrap import bootstrap
+    from fanout.runtime import Runtime
     from fanout.security import load_or_create_secret
 
     # Bind first: a port in use is one line and exit 2, before the data dir is opened
@@ -56,7 +57,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings, data_dir: Path) -> i
 
     signal.signal(signal.SIGTERM, stop)
     try:
-        runtime = EmbeddedRuntime(data_dir, settings.params)
+        runtime: Runtime = bootstrap(settings, data_dir)
     except BaseException:
         for sock in sockets:
             sock.close()
@@ -65,7 +66,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings, data_dir: Path) -> i
         secret = load_or_create_secret(data_dir, settings.secret)
         runtime.start()
         print(f"fanout: serving http://{args.host}:{port} (data dir {data_dir}, log position "
-              f"{runtime.runner.log_position()})", flush=True)  # fmt: skip
+              f"{runtime.log_position()})", flush=True)  # fmt: skip
         print(
             f"fanout: mint a token with: fanout token --data-dir {data_dir} --tenant TENANT --role service --sub my-service",
             flush=True,

@@ -1,29 +1,30 @@
 """Overload and storage failure (ADR-0010): what the process refuses, and how it says so.
 
-* `storage_failure(exc)` recognises a full disk or a storage I/O error anywhere in an
-  exception's chain (SQLite, eventsourcing's wrappers, RocksDB, OSError), so it is
-  answered with 503 UNAVAILABLE instead of a bare 500.
+* `storage_unavailable(exc)`: a full disk or a storage I/O error (`storage_failure`,
+  projections/failures.py) is answered with 503 UNAVAILABLE instead of a bare 500.
 * `Backpressure` refuses writes the read side has to materialize once the projector is
   behind the log by more than a bound, or while its last attempt failed. O(1) per check:
   the application reports what it recorded (positions, mailbox entries of each send),
   the runner keeps its committed position in memory; no query per send.
 * `raise_fd_limit()` lifts RLIMIT_NOFILE's soft limit to the hard one at `serve` start.
-* `Throttled` logs a recurring condition once per interval, with a count."""
+* `Throttled` and `storage_failure` live in projections/failures.py (the projection
+  hosts use them too) and are re-exported here."""
 
 from __future__ import annotations
 
-import errno
 import logging
 import resource
 import sqlite3
 import threading
-import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from domain.errors import Unavailable
+from projections.failures import Throttled as Throttled
+from projections.failures import exception_chain, first_line
+from projections.failures import storage_failure as storage_failure
 
 log = logging.getLogger("fanout.overload")
 
@@ -36,42 +37,6 @@ MAX_LAG_RETRY_MS = 60_000
 # for entries, about the command side's ceiling for events (docs/PERFORMANCE.md section 6).
 DRAIN_ENTRIES_PER_SEC = 200_000
 DRAIN_EVENTS_PER_SEC = 1_000
-
-_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-_FULL_TEXT = ("database or disk is full", "no space left on device", "file too large", "disk quota exceeded")
-_IO_TEXT = ("disk i/o error", "io error:")  # SQLite, RocksDB
-SQLITE_FULL = 13
-SQLITE_IOERR = 10
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
-    e: BaseException | None = exc
-    while e is not None and e not in seen and len(seen) < 16:
-        seen.append(e)
-        e = e.__cause__ or e.__context__
-    return seen
-
-
-def storage_failure(exc: BaseException) -> str | None:
-    """'storage_full' (no space, quota, file size limit), 'storage_error' (another I/O
-    error of a store), or None when the exception is not about storage."""
-    reason: str | None = None
-    for e in _chain(exc):
-        if isinstance(e, OSError) and e.errno in _FULL_ERRNOS:
-            return "storage_full"
-        code = getattr(e, "sqlite_errorcode", None)
-        if isinstance(e, sqlite3.Error) and isinstance(code, int):
-            if code & 0xFF == SQLITE_FULL:
-                return "storage_full"
-            if code & 0xFF == SQLITE_IOERR:
-                reason = "storage_error"
-        text = str(e).lower()
-        if any(t in text for t in _FULL_TEXT):
-            return "storage_full"
-        if isinstance(e, OSError) or any(t in text for t in _IO_TEXT):
-            reason = "storage_error"
-    return reason
 
 
 def storage_unavailable(exc: BaseException) -> Unavailable | None:
@@ -86,17 +51,10 @@ def storage_unavailable(exc: BaseException) -> Unavailable | None:
     )
 
 
-def first_line(exc: BaseException) -> str:
-    """The innermost message of an exception chain, on one line."""
-    inner = _chain(exc)[-1]
-    text = str(inner).strip().splitlines()
-    return text[0] if text else type(inner).__name__
-
-
 def startup_error(data_dir: Path, exc: BaseException) -> str | None:
     """One line for a data dir (or file) the process cannot open or write: a full disk,
     not a directory, no permission. None when the exception is something else."""
-    chain = _chain(exc)
+    chain = exception_chain(exc)
     reason = storage_failure(exc)
     if reason is None and not any(isinstance(e, OSError | sqlite3.Error) for e in chain):
         return None
@@ -131,30 +89,6 @@ def raise_fd_limit() -> tuple[int, int]:
 def fd_soft_limit() -> int:
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return NOFILE_CEILING if soft == resource.RLIM_INFINITY else int(soft)
-
-
-class Throttled:
-    """Log a recurring condition at most once per `interval` seconds, with how many
-    times it happened since the last line. No traceback: the first line says what."""
-
-    def __init__(self, logger: logging.Logger, interval: float = 30.0) -> None:
-        self.logger = logger
-        self.interval = interval
-        self._last: dict[str, float] = {}
-        self._count: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, key: str, level: int, message: str, *args: Any) -> None:
-        now = time.monotonic()
-        with self._lock:
-            self._count[key] = self._count.get(key, 0) + 1
-            last = self._last.get(key)
-            if last is not None and now - last < self.interval:
-                return
-            n = self._count.pop(key)
-            self._last[key] = now
-        suffix = f" ({n} times in the last {self.interval:g} s)" if n > 1 else ""
-        self.logger.log(level, message + suffix, *args)
 
 
 # -- backpressure -------------------------------------------------------------------------

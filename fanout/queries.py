@@ -164,6 +164,10 @@ class Queries:
 
     # -- admin -------------------------------------------------------------------
 
+    def reviews(self, tenant: str) -> list[dict[str, Any]]:
+        """The tenant's reviews as the views hold them."""
+        return list(self.views.reviews(tenant))
+
     def alpha_by_bucket(self, tenant: str | None, now: float | None = None) -> dict[str, dict[str, Any]]:
         """alpha (active members / members) per conversation, summarized per size bucket."""
         now = time.time() if now is None else now

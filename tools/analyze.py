@@ -17,6 +17,7 @@ from adapters.sqlite_views import SqliteViews
 from domain.params import Parameters, SizeBucket
 from domain.policy import equivalent_threshold, meets_enter_criterion, read_diffusion_saving
 from domain.tier import Tier
+from fanout.bootstrap import open_views_only
 from fanout.queries import Queries
 from projections.capacity import CapacityProjection
 
@@ -25,17 +26,10 @@ class AnalyzeError(RuntimeError):
     pass
 
 
-class _NoMailbox:
-    """The views without the mailbox store (analyze reads heads and states only)."""
-
-    def close(self) -> None:
-        pass
-
-
 def open_views(data_dir: Path) -> SqliteViews:
     if not (Path(data_dir) / "views.sqlite").exists():
         raise AnalyzeError(f"{data_dir} has no views (views.sqlite); run `fanout serve` or `fanout rebuild all` first")
-    return SqliteViews(data_dir, mailbox=_NoMailbox())  # type: ignore[arg-type]
+    return open_views_only(data_dir)  # analyze reads heads and states only
 
 
 @dataclass(frozen=True)

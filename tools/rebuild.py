@@ -38,7 +38,7 @@ from typing import Any, TextIO
 
 from adapters.sqlite_views import ALL_PARTS, SqliteViews, connect
 from domain.params import Parameters
-from fanout.runtime import EmbeddedRuntime
+from fanout.bootstrap import EmbeddedRuntime, bootstrap, open_views
 from projections.delivery import DeliveryProjection
 from streams.embedded import EmbeddedRunner
 
@@ -125,7 +125,7 @@ def build_aside(
     With a subset of parts the writer skips the other tables, but the projection
     still keeps its whole in-memory model, so building from 0 needs nothing else."""
     _remove_aside(directory, prefix)
-    aside = SqliteViews(directory, prefix=prefix, shards=rt.params.mailbox_shards)
+    aside = open_views(directory, rt.params.mailbox_shards, prefix=prefix)
     runner = EmbeddedRunner(rt.app, aside, rt.params, parts=parts)
     top = runner.log_position()
     try:
@@ -196,7 +196,7 @@ def rebuild(
     if not (data_dir / "events.sqlite").exists():
         raise RebuildError(f"{data_dir} has no event store (events.sqlite); nothing to rebuild from")
     started = time.monotonic()
-    rt = EmbeddedRuntime(data_dir, params, lock=True)  # raises DataDirBusy while serve runs
+    rt = bootstrap(params, data_dir, lock=True)  # raises DataDirBusy while serve runs
     try:
         with _bar("catch up live views", rt.runner.position(), rt.runner.log_position(), progress, out) as bar:
             catch_up_live(rt, bar)
@@ -258,7 +258,7 @@ def _swap(data_dir: Path, target: str, parts: frozenset[str], params: Parameters
             except BaseException:
                 con.execute("ROLLBACK")
                 raise
-    views = SqliteViews(data_dir, shards=params.mailbox_shards)
+    views = open_views(data_dir, params.mailbox_shards)
     try:
         con = views.reader()
         rows = {table: _count(con, table) for table in tables}
@@ -287,7 +287,7 @@ def verify(
     if not (data_dir / "events.sqlite").exists():
         raise RebuildError(f"{data_dir} has no event store (events.sqlite); nothing to verify")
     started = time.monotonic()
-    rt = EmbeddedRuntime(data_dir, params, lock=True)
+    rt = bootstrap(params, data_dir, lock=True)
     scratch = Path(tempfile.mkdtemp(prefix=".verify-", dir=data_dir))
     aside: SqliteViews | None = None
     try:

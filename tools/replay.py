@@ -222,12 +222,11 @@ class _Keys:
 
 
 def open_app(data_dir: Path, params: Parameters) -> Any:
-    from fanout.application import FanoutApplication
-    from fanout.runtime import event_store_env
+    from fanout.bootstrap import open_application
 
     if not (data_dir / "events.sqlite").exists():
         raise ReplayError(f"{data_dir} has no event store (events.sqlite)")
-    return FanoutApplication(params, {**event_store_env(data_dir), "CREATE_TABLE": "n"})
+    return open_application(params, data_dir, create_tables=False)
 
 
 def events(app: Any, data_dir: Path, f: Filters, progress: Any = None) -> Iterator[dict[str, Any]]:

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from adapters.sqlite_views import SqliteViews
 from domain.params import Parameters
+from fanout.bootstrap import open_views
 from fanout.queries import Queries
 from projections.capacity import CapacityProjection
 from projections.delivery import DeliveryProjection
@@ -155,4 +155,4 @@ class ProjectionReplayContract:
 class TestSqliteViewsReplay(ProjectionReplayContract):
     @classmethod
     def make(cls, path: Path) -> Any:
-        return SqliteViews(path, shards=PARAMS.mailbox_shards)
+        return open_views(path, PARAMS.mailbox_shards)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from adapters.sqlite_views import SqliteViews
+from fanout.bootstrap import open_views
 from projections.ports import MessageRefs
 from projections.sharding import shard_of
 from projections.state import UserConversationState, session_item
@@ -168,7 +168,7 @@ class ViewStoreContract:
 
 class TestSqliteViews(ViewStoreContract):
     def make(self, path: Path) -> Any:
-        return SqliteViews(path)
+        return open_views(path, 16)  # with the RocksDB mailbox, as bootstrap opens them
 
 
 def test_views_written_before_the_adr_column_names_are_migrated_in_place(tmp_path: Path) -> None:
@@ -189,7 +189,7 @@ def test_views_written_before_the_adr_column_names_are_migrated_in_place(tmp_pat
     con.commit()
     con.close()
     for _ in range(2):  # and a second open changes nothing
-        views = SqliteViews(tmp_path)
+        views = open_views(tmp_path, 16)
         try:
             state = views.state(T, "a", "c")
             assert state is not None

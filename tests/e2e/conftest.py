@@ -23,7 +23,7 @@ from aiohttp import web
 
 from api.app import create_app
 from domain.params import Parameters, Rate
-from fanout.runtime import EmbeddedRuntime
+from fanout.bootstrap import EmbeddedRuntime, bootstrap
 from fanout.security import mint_token
 
 SECRET = "e2e-secret-" + "x" * 40
@@ -83,7 +83,7 @@ class Server:
 
 @contextlib.contextmanager
 def serving(data_dir: Path, params: Parameters = FAST, *, start_runtime: bool = True) -> Iterator[Server]:
-    runtime = EmbeddedRuntime(data_dir, params)
+    runtime = bootstrap(params, data_dir)
     if start_runtime:
         runtime.start()
     server = Server(runtime, create_app(runtime, SECRET)).start()

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from domain.params import Parameters
+from fanout.bootstrap import bootstrap
 from fanout.clock import FakeClock
-from fanout.runtime import EmbeddedRuntime
 
 
 class Harness:
@@ -20,7 +20,7 @@ class Harness:
         self.data_dir = data_dir
         self.params = params
         self.clock = clock
-        self.rt = EmbeddedRuntime(data_dir, params, clock=clock)
+        self.rt = bootstrap(params, data_dir, clock=clock)
 
     @property
     def app(self):  # noqa: ANN201
@@ -36,7 +36,7 @@ class Harness:
 
     def restart(self) -> None:
         self.rt.close()
-        self.rt = EmbeddedRuntime(self.data_dir, self.params, clock=self.clock)
+        self.rt = bootstrap(self.params, self.data_dir, clock=self.clock)
         self.settle()
 
     def log_top(self) -> int:

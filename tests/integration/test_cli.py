@@ -19,7 +19,7 @@ import pytest
 
 from cli.demo import run_demo
 from domain.params import Parameters
-from fanout.runtime import DataDirLock
+from fanout.bootstrap import DataDirLock
 from tools.replay import event_types
 
 REPO = Path(__file__).resolve().parents[2]
@@ -264,10 +264,10 @@ def test_replay_of_an_unknown_conversation_is_an_error_listing_the_conversations
 
 
 def test_replay_lists_at_most_a_few_names_and_says_how_many_more(tmp_path: Path) -> None:
-    from fanout.runtime import EmbeddedRuntime
+    from fanout.bootstrap import bootstrap
 
     data_dir = tmp_path / "data"
-    with EmbeddedRuntime(data_dir, Parameters()) as rt:
+    with bootstrap(Parameters(), data_dir) as rt:
         for i in range(30):
             rt.app.create_conversation("acme", f"room-{i:02d}", "", ["ann"])
     line = one_error_line(fanout("replay", "--data-dir", str(data_dir), "--conversation", "lobby"))
@@ -277,10 +277,10 @@ def test_replay_lists_at_most_a_few_names_and_says_how_many_more(tmp_path: Path)
 def test_replay_output_is_strict_json_or_a_clear_error(tmp_path: Path) -> None:
     """A non-finite number stored in the log (possible before the API refused them) is an
     error naming the event, never an `Infinity` in the JSONL."""
-    from fanout.runtime import EmbeddedRuntime
+    from fanout.bootstrap import bootstrap
 
     data_dir = tmp_path / "data"
-    with EmbeddedRuntime(data_dir, Parameters()) as rt:
+    with bootstrap(Parameters(), data_dir) as rt:
         rt.app.create_conversation("acme", "general", "", ["ann"])
         rt.app.open_review("acme", "small", "manual", {"load": float("inf")}, "ops")
     r = fanout("replay", "--data-dir", str(data_dir), "-q")

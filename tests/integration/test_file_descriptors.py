@@ -11,14 +11,14 @@ from typing import Any
 import psutil
 
 from adapters.sqlite_views import READ_POOL_SIZE
-from fanout.runtime import EmbeddedRuntime
+from fanout.bootstrap import bootstrap
 
 LOGINS = 60
 
 
 def test_concurrent_logins_do_not_grow_open_descriptors_beyond_the_pool() -> None:
     proc = psutil.Process()
-    with EmbeddedRuntime(tempfile.mkdtemp()) as rt:
+    with bootstrap(data_dir=tempfile.mkdtemp()) as rt:
         for i in range(5):
             rt.app.create_conversation("acme", f"g{i}", "G", ["ann", "bob"])
         rt.runner.catch_up()

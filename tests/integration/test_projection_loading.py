@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from adapters.sqlite_views import SqliteViews
+from fanout.bootstrap import open_views
 from projections.hosting import build_projections
 from tests.contract.test_projection_replay import PARAMS, build_log, snapshot
 
@@ -74,7 +75,7 @@ def log(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, Any]]:
 
 
 def test_with_loads_done_ahead_process_reads_nothing(log: list[tuple[int, Any]], tmp_path: Path) -> None:
-    views = SqliteViews(tmp_path / "a", shards=PARAMS.mailbox_shards)
+    views = open_views(tmp_path / "a", PARAMS.mailbox_shards)
     try:
         store = Guarded(views)
         run(store, log)
@@ -84,7 +85,7 @@ def test_with_loads_done_ahead_process_reads_nothing(log: list[tuple[int, Any]],
 
 
 def test_forgetting_working_sets_reloads_them_with_the_same_result(log: list[tuple[int, Any]], tmp_path: Path) -> None:
-    once, again = SqliteViews(tmp_path / "once", shards=4), SqliteViews(tmp_path / "again", shards=4)
+    once, again = open_views(tmp_path / "once", 4), open_views(tmp_path / "again", 4)
     try:
         run(Guarded(once), log)
         run(Guarded(again), log, forget_every=3)

@@ -18,7 +18,7 @@ import pytest
 from adapters.rocksdb_mailbox import RocksMailbox
 from cli.demo import run_demo
 from domain.params import Parameters
-from fanout.runtime import DataDirBusy, DataDirLock
+from fanout.bootstrap import DataDirBusy, DataDirLock
 from projections.ports import MessageRefs
 from tools.rebuild import rebuild, verify
 

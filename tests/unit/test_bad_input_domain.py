@@ -24,7 +24,7 @@ from domain.errors import (
 from domain.params import Parameters
 from domain.review import Review
 from domain.tier import Tier
-from fanout.runtime import EmbeddedRuntime
+from fanout.bootstrap import EmbeddedRuntime, bootstrap
 
 T = "t1"
 PARAMS = Parameters(max_group_members=12, small_max_members=4, medium_max_members=8, max_text_length=100)
@@ -41,7 +41,7 @@ class Clock:
 @pytest.fixture
 def runtime(tmp_path: Path) -> Iterator[EmbeddedRuntime]:
     clock = Clock()
-    rt = EmbeddedRuntime(tmp_path / "data", PARAMS, clock=clock)
+    rt = bootstrap(PARAMS, tmp_path / "data", clock=clock)
     rt.clock_obj = clock  # type: ignore[attr-defined]
     try:
         yield rt

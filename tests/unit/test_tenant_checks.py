@@ -19,7 +19,7 @@ from domain.errors import FanoutError, InvalidArgument, NotFound
 from domain.params import Parameters
 from domain.quota import TenantQuota
 from domain.tier import Tier
-from fanout.runtime import EmbeddedRuntime
+from fanout.bootstrap import EmbeddedRuntime, bootstrap
 
 PARAMS = Parameters(max_group_members=50, small_max_members=10, medium_max_members=20)
 
@@ -35,7 +35,7 @@ class Clock:
 
 @pytest.fixture
 def rt(tmp_path: Path) -> Iterator[EmbeddedRuntime]:
-    runtime = EmbeddedRuntime(tmp_path / "data", PARAMS, clock=Clock())
+    runtime = bootstrap(PARAMS, tmp_path / "data", clock=Clock())
     try:
         runtime.app.create_conversation("acme", "x/secret", "acme's", ["ann", "bob"])
         runtime.app.send_message("acme", "x/secret", sender="ann", text="for acme only")

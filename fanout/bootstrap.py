@@ -1,0 +1,325 @@
+"""The composition root (cosmicpython's `bootstrap`): the one place that picks the
+engines and the projection host and wires them to the service layer.
+
+`bootstrap(settings, data_dir)` builds the embedded runtime: eventsourcing's SQLite
+event store, the SQLite views with the RocksDB mailbox (ADR-0004), the in-process
+runner (`streams/embedded.py`) and the push hub, behind the data dir's lock. A caller
+passes its own adapters instead (`views=`, `mailbox=`, `event_store_env=`; tests do).
+The operator tools open the same stores through `open_views`, `open_mailbox` and
+`open_application`, so which engine holds what is decided here only."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Self
+
+from adapters.rocksdb_mailbox import RocksMailbox
+from adapters.sqlite_views import SqliteViews
+from domain.params import Parameters
+from fanout.application import FanoutApplication
+from fanout.config import ConfigError, Settings
+from fanout.overload import Backpressure
+from fanout.push import PushHub
+from fanout.queries import Queries
+from projections.capacity import CapacityProjection
+from projections.delivery import Delivered
+from projections.hosting import PROJECTIONS, Effect
+from projections.ports import MailboxStore
+from streams.embedded import EmbeddedRunner
+
+log = logging.getLogger("fanout.runtime")
+
+# (FANOUT_EVENT_STORE, FANOUT_LOG, FANOUT_VIEWS) this build can run.
+EMBEDDED_ENGINES = ("sqlite", "embedded", "sqlite")
+
+
+class DataDirBusy(RuntimeError):
+    pass
+
+
+class DataDirLock:
+    """One writer process per data dir (serve, rebuild): an exclusive flock."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / "fanout.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DataDirBusy(
+                f"{self.path.parent} is in use by another fanout process (serve or rebuild); stop it first"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+# -- the engines of a data dir ----------------------------------------------------------
+
+
+def sqlite_event_store(data_dir: Path) -> dict[str, str]:
+    """eventsourcing's environment for the SQLite event store of a data dir."""
+    return {
+        "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+        "SQLITE_DBNAME": str(data_dir / "events.sqlite"),
+        "SQLITE_LOCK_TIMEOUT": "30",
+    }
+
+
+def open_mailbox(data_dir: Path | str, shards: int, *, prefix: str = "") -> RocksMailbox:
+    """The mailbox store (UserMailboxEntry): RocksDB, one column family per MailboxShard."""
+    return RocksMailbox(Path(data_dir) / f"{prefix}mailbox.rocksdb", shards)
+
+
+def open_views(
+    data_dir: Path | str, shards: int, *, prefix: str = "", mailbox: MailboxStore | None = None
+) -> SqliteViews:
+    """The views of a data dir (or a set built aside, named by `prefix`) with their
+    mailbox store: RocksDB unless one is given. The views own it (closing closes both)."""
+    mailbox = open_mailbox(data_dir, shards, prefix=prefix) if mailbox is None else mailbox
+    try:
+        return SqliteViews(data_dir, mailbox, prefix=prefix)
+    except BaseException:
+        mailbox.close()
+        raise
+
+
+class NoMailbox:
+    """The mailbox store of views opened beside a running `serve` (RocksDB admits one
+    process): for tools that read heads and states only. Any mailbox access is a bug."""
+
+    def _refuse(self, *_: Any) -> Any:
+        raise RuntimeError("these views were opened without their mailbox store")
+
+    write = read = count = all_entries = sort_key = flush = reopen = _refuse
+
+    def close(self) -> None:
+        pass
+
+
+def open_views_only(data_dir: Path | str) -> SqliteViews:
+    """The views of a data dir without the mailbox store: readable beside a running serve."""
+    return SqliteViews(data_dir, NoMailbox())
+
+
+def open_application(
+    params: Parameters,
+    data_dir: Path | str,
+    *,
+    env: Mapping[str, str] | None = None,
+    create_tables: bool = True,
+    **wiring: Any,
+) -> FanoutApplication:
+    """The command side over the data dir's event store (or the one `env` names).
+    `create_tables=False` opens an existing store only (the tools that read beside serve)."""
+    store = dict(sqlite_event_store(Path(data_dir)) if env is None else env)
+    if not create_tables:
+        store["CREATE_TABLE"] = "n"
+    return FanoutApplication(params, store, **wiring)
+
+
+# -- the composition root ---------------------------------------------------------------
+
+
+def bootstrap(
+    settings: Settings | Parameters | None = None,
+    data_dir: Path | str | None = None,
+    *,
+    clock: Callable[[], float] = time.time,
+    views: SqliteViews | None = None,
+    mailbox: MailboxStore | None = None,
+    event_store_env: Mapping[str, str] | None = None,
+    lock: bool = True,
+) -> EmbeddedRuntime:
+    """The embedded runtime over `data_dir` (default: the settings' data dir).
+
+    `settings` is the loaded configuration (`fanout.config.load_settings`), or just the
+    ADR parameters (default ones when None). Adapters given here are used instead of the
+    ones built from the data dir, and the runtime owns them (close() closes them).
+    `lock=False` skips the data dir's lock (a caller that holds it, like the demo)."""
+    if isinstance(settings, Settings):
+        engines = (settings.event_store, settings.log, settings.views)
+        if engines != EMBEDDED_ENGINES:
+            raise ConfigError(f"engines {engines} are not in this build; the embedded runtime runs {EMBEDDED_ENGINES}")
+        params, data_dir = settings.params, settings.data_dir if data_dir is None else data_dir
+    else:
+        params = settings or Parameters()
+    if data_dir is None:
+        raise ValueError("bootstrap needs a data dir (or settings that name one)")
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    data_lock = DataDirLock(data_dir) if lock else None
+    if data_lock is not None:
+        data_lock.acquire()
+    built: SqliteViews | None = None
+    try:
+        if views is None:
+            views = built = open_views(data_dir, params.mailbox_shards, mailbox=mailbox)
+        return EmbeddedRuntime(
+            data_dir,
+            params,
+            views,
+            sqlite_event_store(data_dir) if event_store_env is None else event_store_env,
+            clock=clock,
+            lock=data_lock,
+        )
+    except BaseException:
+        if built is not None:
+            built.close()
+        if data_lock is not None:
+            data_lock.release()
+        raise
+
+
+class EmbeddedRuntime:
+    """One process: the command side, the views, the in-process projection runner and
+    the push hub over one data dir. Implements `fanout.runtime.Runtime`; built by
+    `bootstrap`, which hands it its adapters."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        params: Parameters,
+        views: SqliteViews,
+        event_store_env: Mapping[str, str],
+        *,
+        clock: Callable[[], float] = time.time,
+        lock: DataDirLock | None = None,
+    ) -> None:
+        self.data_dir = data_dir
+        self.params = params
+        self.clock = clock
+        self._lock = lock
+        self.views = views
+        self.app = open_application(
+            params,
+            data_dir,
+            env=event_store_env,
+            clock=clock,
+            message_sender=self._message_sender,
+            conversations_in_scope=self._conversations_in_scope,
+            read_state=self._read_state,
+        )
+        self.queries = Queries(views, params)
+        self.hub = PushHub(views)
+        self.runner = EmbeddedRunner(self.app, views, params, on_effects=self._on_effects)
+        self.app.saved_listeners.append(self.runner.wake)
+        self.backpressure = Backpressure(
+            self.runner,
+            self.runner.log_position(),
+            max_events=params.max_projection_lag_events,
+            max_entries=params.max_projection_lag_entries,
+        )
+        self.app.recorded_listeners.append(self.backpressure.recorded)
+        self.review_triggers = 0
+        self.started_at = time.time()
+
+    # -- wiring: what the command side reads from the views -----------------------------
+
+    def _message_sender(self, tenant: str, conversation_id: str, seq: int) -> str | None:
+        m = self.views.message(tenant, conversation_id, seq)
+        if m is None and self.runner.running:
+            self.runner.wait_until(self.runner.log_position(), timeout=10)
+            m = self.views.message(tenant, conversation_id, seq)
+        return m["sender"] if m else None
+
+    def _conversations_in_scope(self, tenant: str, size_bucket: str) -> list[str]:
+        if self.runner.running:
+            self.runner.wait_until(self.runner.log_position(), timeout=30)
+        return self.views.heads_by_scope(tenant, size_bucket)
+
+    def _read_state(self, tenant: str, conversation_id: str, user_id: str) -> tuple[int, int] | None:
+        """(read_seq, views position) of a member: the position is read after the state,
+        so the views at that position hold at least that read seq."""
+        state = self.views.state(tenant, user_id, conversation_id)
+        return None if state is None else (int(state["read_conversation_seq"]), self.runner.position())
+
+    def _on_effects(self, effects: Sequence[Effect]) -> None:
+        """After a unit of work commits: online pushes (invariant O), and the reviews
+        T1/T2 open (ADR decision 3: a trigger only opens one; a person decides)."""
+        for effect in effects:
+            try:
+                if isinstance(effect, Delivered):
+                    pushes = self.hub.deliver(effect)
+                    self.views.record_pushes(effect.tenant, effect.conversation_id, effect.seq, pushes)
+                else:
+                    t = effect
+                    self.app.open_review(
+                        t.tenant, t.size_bucket, t.trigger, t.details, "capacity-monitor", review_key=t.review_key
+                    )
+                    self.review_triggers += 1
+            except Exception:
+                log.exception("could not act on %s (the views are committed)", type(effect).__name__)
+
+    # -- the projectors (Runtime) ---------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self.runner.running
+
+    @property
+    def last_error(self) -> str | None:
+        return self.runner.last_error
+
+    @property
+    def failure_reason(self) -> str | None:
+        return self.runner.failure_reason
+
+    def position(self) -> int:
+        return self.runner.position()
+
+    def log_position(self) -> int:
+        return self.runner.log_position()
+
+    def wait_until(self, position: int, timeout: float = 30.0) -> bool:
+        return self.runner.wait_until(position, timeout)
+
+    def catch_up(self) -> None:
+        if self.runner.running:
+            self.runner.wait_until(self.runner.log_position(), timeout=60.0)
+        else:
+            self.runner.catch_up()
+
+    def wait_projected(self, timeout: float = 30.0) -> bool:
+        """Block until the views hold every event written so far."""
+        return self.runner.wait_until(self.runner.log_position(), timeout)
+
+    def projections_status(self) -> dict[tuple[str, int], int]:
+        return self.views.positions() or {(PROJECTIONS[0], 0): self.runner.position()}
+
+    def capacity(self) -> CapacityProjection:
+        return next(p for p in self.runner.projections if isinstance(p, CapacityProjection))
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> Self:
+        self.runner.start()
+        return self
+
+    def close(self) -> None:
+        self.runner.stop()
+        self.hub.close()
+        self.views.close()
+        self.app.close()
+        if self._lock is not None:
+            self._lock.release()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,85 @@
+"""How a projection host and the command side tell a storage failure from a bug
+(ADR-0010), and log a failure that recurs without flooding the log.
+
+Kept beside the projections, not in the service layer, so that every host (the embedded
+runner in streams/, the Faust agents next) and the service layer share one definition:
+`storage_failure(exc)` recognises a full disk or a storage I/O error anywhere in an
+exception's chain (SQLite, eventsourcing's wrappers, RocksDB, OSError); `Throttled` logs
+a recurring condition once per interval, with a count."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import sqlite3
+import threading
+import time
+from typing import Any
+
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_FULL_TEXT = ("database or disk is full", "no space left on device", "file too large", "disk quota exceeded")
+_IO_TEXT = ("disk i/o error", "io error:")  # SQLite, RocksDB
+SQLITE_FULL = 13
+SQLITE_IOERR = 10
+
+
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """exc, then its causes and contexts (at most 16, no loops)."""
+    seen: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and e not in seen and len(seen) < 16:
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    return seen
+
+
+def storage_failure(exc: BaseException) -> str | None:
+    """'storage_full' (no space, quota, file size limit), 'storage_error' (another I/O
+    error of a store), or None when the exception is not about storage."""
+    reason: str | None = None
+    for e in exception_chain(exc):
+        if isinstance(e, OSError) and e.errno in _FULL_ERRNOS:
+            return "storage_full"
+        code = getattr(e, "sqlite_errorcode", None)
+        if isinstance(e, sqlite3.Error) and isinstance(code, int):
+            if code & 0xFF == SQLITE_FULL:
+                return "storage_full"
+            if code & 0xFF == SQLITE_IOERR:
+                reason = "storage_error"
+        text = str(e).lower()
+        if any(t in text for t in _FULL_TEXT):
+            return "storage_full"
+        if isinstance(e, OSError) or any(t in text for t in _IO_TEXT):
+            reason = "storage_error"
+    return reason
+
+
+def first_line(exc: BaseException) -> str:
+    """The innermost message of an exception chain, on one line."""
+    inner = exception_chain(exc)[-1]
+    text = str(inner).strip().splitlines()
+    return text[0] if text else type(inner).__name__
+
+
+class Throttled:
+    """Log a recurring condition at most once per `interval` seconds, with how many
+    times it happened since the last line. No traceback: the first line says what."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 30.0) -> None:
+        self.logger = logger
+        self.interval = interval
+        self._last: dict[str, float] = {}
+        self._count: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, key: str, level: int, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._count[key] = self._count.get(key, 0) + 1
+            last = self._last.get(key)
+            if last is not None and now - last < self.interval:
+                return
+            n = self._count.pop(key)
+            self._last[key] = now
+        suffix = f" ({n} times in the last {self.interval:g} s)" if n > 1 else ""
+        self.logger.log(level, message + suffix, *args)

@@ -1,0 +1,190 @@
+"""The layering, as a test (docs/ARCHITECTURE.md draws it).
+
+Every module's imports are read with `ast` (also those inside functions and under
+TYPE_CHECKING: a lazy import is still a dependency) and checked against one table:
+which packages a package may import. Two finer rules sit beside the table: an adapter
+module stands alone (it never imports another adapter module), and only the composition
+root (`fanout/bootstrap.py`) picks adapters and the projection host.
+
+A violation that is known and has an owner is listed in PENDING with the fix that
+removes it; the test fails on any other violation, and also when a pending one is gone
+(then delete its line), so the list only shrinks."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# package -> the project packages its modules may import (itself always allowed).
+#
+#   api/  cli/            entry points (HTTP app, the `fanout` command, the demo)
+#     |
+#   tools/                operator tools: replay, rebuild/verify, analyze
+#     |
+#   fanout/               service layer: commands, queries, push, the composition root
+#     |         \
+#   adapters/   streams/  engines behind the ports | projection hosts (embedded runner)
+#         \     /
+#       projections/      read-side logic written once, and the ports
+#           |
+#        domain/          pure rules: no I/O, no clock reads
+ALLOWED: dict[str, frozenset[str]] = {
+    "domain": frozenset(),
+    "projections": frozenset({"domain"}),
+    "adapters": frozenset({"domain", "projections"}),
+    "streams": frozenset({"domain", "projections"}),
+    "fanout": frozenset({"domain", "projections", "adapters", "streams"}),
+    "tools": frozenset({"domain", "projections", "adapters", "streams", "fanout"}),
+    "api": frozenset({"domain", "projections", "adapters", "streams", "fanout", "tools"}),
+    "cli": frozenset({"domain", "projections", "adapters", "streams", "fanout", "tools", "api"}),
+}
+PACKAGES = tuple(ALLOWED)
+
+# The composition root: the one module of the service layer that builds engines and hosts.
+COMPOSITION_ROOT = "fanout.bootstrap"
+ROOT_ONLY = frozenset({"adapters", "streams"})  # fanout/ imports these only in COMPOSITION_ROOT
+# cli/ may import api/ only to serve it.
+CLI_TO_API = frozenset({"api.app"})
+
+# (importing module, imported module): known, owned, with the change that removes it.
+PENDING: dict[tuple[str, str], str] = {
+    ("streams.embedded", "fanout.overload"): (
+        "the runner's Throttled and storage_failure: import them from projections.failures (the lead, streams/)"
+    ),
+    ("streams.embedded", "adapters.sqlite_views"): (
+        "the runner typed on SqliteViews and ALL_PARTS: type it on the projections.ports ViewStore port, "
+        "with the parts named there (the lead, streams/; ports: the views engineer)"
+    ),
+    ("fanout.queries", "adapters.sqlite_views"): (
+        "Queries typed on SqliteViews: type it on the ViewReader port of projections.ports (the views engineer)"
+    ),
+}
+
+
+def package_of(module: str) -> str:
+    return module.split(".", 1)[0]
+
+
+def modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+def project_imports(module: str, path: Path) -> set[str]:
+    """The project modules `module` imports, as dotted names (relative imports resolved)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_package = path.name == "__init__.py"
+    imported: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                stem = ".".join([*base, node.module] if node.module else base)
+            else:
+                stem = node.module or ""
+            imported.add(stem)
+            # `from fanout import strict_json` imports the module fanout.strict_json
+            imported.update(f"{stem}.{alias.name}" for alias in node.names)
+    return {name for name in imported if package_of(name) in ALLOWED}
+
+
+def real(name: str, known: dict[str, Path]) -> str:
+    """`from fanout import strict_json` names fanout.strict_json; `from a.b import C` names a.b."""
+    while name not in known and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def allowed(module: str, target: str) -> bool:
+    """May `module` import `target` (both project modules)?"""
+    layer, other = package_of(module), package_of(target)
+    if layer == other:  # within a package, except between two adapters
+        return layer != "adapters" or "adapters" in (module, target)
+    if other not in ALLOWED[layer]:
+        return False
+    if layer == "fanout" and other in ROOT_ONLY:
+        return module == COMPOSITION_ROOT
+    if layer == "cli" and other == "api":
+        return target in CLI_TO_API
+    return True
+
+
+def violations() -> set[tuple[str, str]]:
+    known = modules()
+    return {
+        (module, target)
+        for module, path in known.items()
+        for target in {real(n, known) for n in project_imports(module, path)} - {module}
+        if not allowed(module, target)
+    }
+
+
+def cycles() -> list[list[str]]:
+    """Import cycles between modules (top-level imports and lazy ones alike)."""
+    known = modules()
+    graph = {m: {real(n, known) for n in project_imports(m, p)} & known.keys() - {m} for m, p in known.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_import_follows_the_layering_table() -> None:
+    unexpected = sorted(violations() - PENDING.keys())
+    assert not unexpected, "imports against the layering (see ALLOWED):\n" + "\n".join(
+        f"  {m} imports {t}" for m, t in unexpected
+    )
+
+
+def test_the_pending_violations_are_still_there_so_the_list_only_shrinks() -> None:
+    fixed = sorted(PENDING.keys() - violations())
+    assert not fixed, "fixed, delete from PENDING:\n" + "\n".join(f"  {m} -> {t}" for m, t in fixed)
+
+
+def test_no_two_modules_import_each_other_even_lazily() -> None:
+    assert cycles() == []
+
+
+def test_the_rules_see_every_package_of_the_build() -> None:
+    """A new top-level package must get a row in the table (pyproject lists the same)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    for package in PACKAGES:
+        assert f'"{package}*"' in text and f'"{package}"' in text
+    assert modules().keys() >= {f"{p}" for p in PACKAGES}
