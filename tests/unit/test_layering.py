@@ -188,3 +188,13 @@ def test_the_rules_see_every_package_of_the_build() -> None:
     for package in PACKAGES:
         assert f'"{package}*"' in text and f'"{package}"' in text
     assert modules().keys() >= {f"{p}" for p in PACKAGES}
+
+
+def test_the_readme_layout_names_every_package_and_module() -> None:
+    """README's Layout section is the tree: a module added or renamed shows up there."""
+    text = (ROOT / "README.md").read_text()
+    layout = text[text.index("## Layout") :]
+    layout = layout[: layout.index("\n## ", 1)].lower()
+    missing = [f"{p}/" for p in PACKAGES if f"\n{p}/" not in layout]
+    missing += [name for name in modules() if "." in name and name.rsplit(".", 1)[1] not in layout.replace(".py", "")]
+    assert not missing, f"not in README's Layout: {missing}"
