@@ -4,7 +4,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint typecheck bench serve clean
+.PHONY: install demo test test-fast lint typecheck bench serve clean \
+	install-distributed engines-up engines-down engines-check
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -13,6 +14,28 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The distributed runtime's clients (confluent-kafka, faust, scylla-driver, eventsourcing[postgres],
+# testcontainers): a separate install, not needed by `make test` / `make demo`.
+DIST_STAMP := $(VENV)/.installed-distributed
+$(DIST_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install --quiet -e '.[distributed]'
+	touch $(DIST_STAMP)
+
+install-distributed: $(DIST_STAMP)
+
+# Real engines on loopback without Docker (docs/ENGINES.md, ADR-0011): Kafka and Cassandra jars
+# from Maven Central, PostgreSQL from the OS packages. Settings: FANOUT_ENGINES_DIR (data, pids,
+# logs, engines.env; default /tmp/fanout-engines), FANOUT_ENGINES_CACHE (jars, Maven repo).
+engines-up:
+	infra/engines/up.sh
+
+engines-down:
+	infra/engines/down.sh
+
+# up, smoke checks with the real clients, timings and RSS, down (always)
+engines-check: $(DIST_STAMP)
+	PY=$(BIN)/python infra/engines/check.sh
 
 demo: $(STAMP)
 	$(BIN)/fanout demo --data-dir ./data/demo --force
