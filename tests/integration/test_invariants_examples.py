@@ -10,6 +10,7 @@ import pytest
 
 from domain.delivery import MENTION
 from domain.errors import RateLimited
+from fanout.bootstrap import bootstrap
 from tests.integration.conftest import FakeClock, Harness
 from tests.integration.test_invariants_stateful import MIN_INTERVAL, PARAMS, WINDOW
 
@@ -329,7 +330,7 @@ def test_a_log_written_when_review_lived_in_domain_tier_still_projects_and_verif
     rebuild(h.data_dir, h.params, "all", progress=False)
     report = verify(h.data_dir, h.params, progress=False)
     assert report.equal, report.differences
-    h.rt = type(h.rt)(h.data_dir, h.params, clock=clock)
+    h.rt = bootstrap(h.params, h.data_dir, clock=clock)
     h.settle()
     (review,) = h.rt.views.reviews(T)
     assert review["status"] == "decided" and review["decision"] == "enable_mention_only"
