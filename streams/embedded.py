@@ -19,7 +19,7 @@ from eventsourcing.persistence import Notification
 from adapters.sqlite_views import ALL_PARTS, SqliteViews
 from domain.params import Parameters
 from domain.review import topics_of
-from fanout.overload import Throttled, storage_failure
+from projections.failures import Throttled, storage_failure
 from projections.hosting import PROJECTIONS, Effect, Projection, build_projections, topics
 
 log = logging.getLogger("fanout.runner")

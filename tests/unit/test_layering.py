@@ -50,9 +50,6 @@ CLI_TO_API = frozenset({"api.app"})
 
 # (importing module, imported module): known, owned, with the change that removes it.
 PENDING: dict[tuple[str, str], str] = {
-    ("streams.embedded", "fanout.overload"): (
-        "the runner's Throttled and storage_failure: import them from projections.failures (the lead, streams/)"
-    ),
     ("streams.embedded", "adapters.sqlite_views"): (
         "the runner typed on SqliteViews and ALL_PARTS: type it on the projections.ports ViewStore port, "
         "with the parts named there (the lead, streams/; ports: the views engineer)"
