@@ -67,6 +67,8 @@ rm -f "$PIDFILE" "$TIMINGS"
 JAVA="$(pick_java 17 99)" || die "Kafka $VERSION needs Java 17 or newer (set JAVA_HOME)"
 maven_fetch "$ENGINES_HERE/kafka-pom.xml" "$LIB" "kafka_2.13-$VERSION.jar" -Dkafka.version="$VERSION"
 
+port_open "$PORT" && die "port 127.0.0.1:$PORT is already in use by another process (FANOUT_ENGINES_KAFKA_PORT)"
+port_open "$CPORT" && die "port 127.0.0.1:$CPORT is already in use by another process (FANOUT_ENGINES_KAFKA_CONTROLLER_PORT)"
 if [[ "${FANOUT_ENGINES_FRESH:-0}" == 1 ]]; then log "FANOUT_ENGINES_FRESH=1: wiping $DATA"; rm -rf "$DATA"; fi
 if [[ -f "$DATA/meta.properties" ]]; then   # KRaft metadata cannot go back to an older version
   FMT_V="$(cat "$DATA/.formatted-by" 2>/dev/null || echo "$VERSION")"
@@ -128,8 +130,6 @@ if [[ ! -f "$DATA/meta.properties" ]]; then
   log "formatted $DATA (cluster id $(cat "$BASE/cluster.id")) in ${took}s"
 fi
 
-port_open "$PORT" && die "port 127.0.0.1:$PORT is already in use by another process (FANOUT_ENGINES_KAFKA_PORT)"
-port_open "$CPORT" && die "port 127.0.0.1:$CPORT is already in use by another process (FANOUT_ENGINES_KAFKA_CONTROLLER_PORT)"
 [[ -f "$LOGS/server.log" ]] && mv -f "$LOGS/server.log" "$LOGS/server.log.prev"
 t0="$(now)"
 start_bg "$PIDFILE" "$LOGS/stdout.log" \

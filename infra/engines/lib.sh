@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034
 # Helpers shared by infra/engines/*.sh (sourced, not run). The caller sets ENGINE (a short name
 # used in log lines) before sourcing.
 #

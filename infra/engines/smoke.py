@@ -96,6 +96,10 @@ def check_kafka(url: str) -> None:
     partitions = 3
     base = {"bootstrap.servers": bs, "socket.timeout.ms": 10000}
     admin = AdminClient(base)  # keep a reference until the futures resolve (else they fail with _DESTROY)
+    try:
+        admin.list_topics(timeout=10)
+    except confluent_kafka.KafkaException as exc:
+        raise SmokeFailure(f"no Kafka broker answered at {bs} within 10 s: {exc}") from None
     with step(E, f"create topic {topic} ({partitions} partitions, RF 1)") as s:
         for fut in admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=30).values():
             fut.result(timeout=30)
