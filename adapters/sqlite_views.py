@@ -12,15 +12,17 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from projections.ports import ALL_PARTS as ALL_PARTS  # the parts a unit of work writes
 from projections.ports import MailboxEntry, MailboxStore, MessageRefs
-from projections.state import UserConversationState
+from projections.state import SessionHead, UserConversationState
 
 VIEWS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS tracking (
@@ -368,19 +370,21 @@ class SqliteWriter:
         self.con.execute("INSERT OR REPLACE INTO capacity VALUES (?,?)", (name, json.dumps(body)))
 
 
-ALL_PARTS = frozenset({"mailbox", "state", "heads"})
-
-
 class SqliteViews:
     """The views database plus the mailbox store; one writer, many readers."""
 
-    def __init__(self, data_dir: Path | str, mailbox: MailboxStore, *, prefix: str = "") -> None:
-        """`mailbox` is the mailbox store these views own (which engine: fanout/bootstrap.py)."""
+    def __init__(self, data_dir: Path | str, mailbox: MailboxStore, *, prefix: str = "", readonly: bool = False) -> None:
+        """`mailbox` is the mailbox store these views own (which engine: fanout/bootstrap.py).
+        `readonly`: open existing views without writing anything (no migration), to read
+        beside a running serve."""
         self.dir = Path(data_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.readonly = readonly
+        if not readonly:
+            self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / f"{prefix}views.sqlite"
-        self._con = connect(self.path)
-        migrate_views(self._con)
+        self._con = connect(self.path, readonly=readonly)
+        if not readonly:
+            migrate_views(self._con)
         self.mailbox: MailboxStore = mailbox
         self._local = threading.local()
         self._write_lock = threading.Lock()
@@ -431,7 +435,7 @@ class SqliteViews:
     def reader(self) -> sqlite3.Connection:
         con = getattr(self._local, "con", None)
         if con is None:
-            con = self._local.con = connect(self.path)
+            con = self._local.con = connect(self.path, readonly=self.readonly)
         return con
 
     def position(self, projection: str, partition: int = 0) -> int:
@@ -490,8 +494,20 @@ class SqliteViews:
             )
         ]
 
-    def all_heads(self) -> list[dict[str, Any]]:
-        return [dict(r) for r in self.reader().execute("SELECT * FROM heads")]
+    def tenants(self) -> list[str]:
+        return [r[0] for r in self.reader().execute("SELECT DISTINCT tenant FROM heads ORDER BY tenant")]
+
+    def conversation_activity(self, tenant: str | None) -> Iterator[tuple[str, str, str, list[float]]]:
+        """One pass over heads joined to their members' states, not a query per conversation."""
+        rows = self.reader().execute(
+            "SELECT h.tenant, h.conversation_id, h.size_bucket, s.last_active FROM heads h "
+            "LEFT JOIN states s ON s.tenant = h.tenant AND s.conversation_id = h.conversation_id "
+            + ("WHERE h.tenant = ? " if tenant is not None else "")
+            + "ORDER BY h.tenant, h.conversation_id",
+            (tenant,) if tenant is not None else (),
+        )
+        for (t, cid, bucket), group in groupby(rows, key=lambda r: (r[0], r[1], r[2])):
+            yield t, cid, bucket, [r[3] for r in group if r[3] is not None]
 
     def state(self, tenant: str, user_id: str, conversation_id: str) -> dict[str, Any] | None:
         row = self.reader().execute(
@@ -499,36 +515,44 @@ class SqliteViews:
         ).fetchone()
         return dict(row) if row else None
 
-    def session_rows(self, tenant: str, user_id: str, batch: int) -> Iterator[list[tuple[Any, ...]]]:
-        """The login read (ADR section 3): the user's own state rows joined to their
-        heads in one query, most recent activity first, in batches; never a query per
-        conversation."""
-        sql = (
-            "SELECT s.conversation_id, h.write_policy, h.latest_conversation_seq, s.read_conversation_seq, "
-            "s.delivered_conversation_seq, s.skipping, s.gap_end, s.rebuilt_seq, s.mention_seqs, s.broadcast_base, "
-            "h.broadcasts, h.last_activity_id, h.preview "
-            "FROM states s JOIN heads h ON h.tenant = s.tenant AND h.conversation_id = s.conversation_id "
-            "WHERE s.tenant = ? AND s.user_id = ? ORDER BY h.last_activity_at DESC, s.conversation_id"
+    def user_states(self, tenant: str, user_id: str) -> Mapping[str, UserConversationState]:
+        """The user's rows: one range of the primary key (tenant, user_id, conversation_id),
+        each made a UserConversationState when first looked up (a login of thousands
+        sends its first batch before the rest are built)."""
+        cur = self.reader().execute(
+            f"SELECT conversation_id, {', '.join(STATE_COLUMNS)} FROM states WHERE tenant=? AND user_id=?",
+            (tenant, user_id),
         )
+        cur.row_factory = None
+        return _States({r[0]: r for r in cur})
+
+    def heads(self, tenant: str, conversation_ids: Sequence[str], batch: int) -> Iterator[list[SessionHead]]:
+        """The login's heads: one statement over the ids (a JSON array bound once), sorted
+        by SQLite, fetched a batch at a time from one cursor (one read snapshot)."""
+        # CROSS JOIN keeps the id list outside: one primary-key search per id (an IN list
+        # would first build an index of the ids); the ids are a parameter, not a table.
+        sql = (
+            f"SELECT {', '.join('h.' + c for c in SessionHead._fields)} "
+            "FROM json_each(?2) AS ids CROSS JOIN heads AS h ON h.tenant = ?1 AND h.conversation_id = ids.value "
+            "ORDER BY h.last_activity_at DESC, h.conversation_id"
+        )
+        args = (tenant, json.dumps(list(conversation_ids)))
         con = self._pool.try_acquire()
         if con is None:
             # Every pooled cursor is lent to a login in progress: read this list in one
             # statement on the thread's own connection (one snapshot, no extra descriptor).
-            cur = self.reader().execute(sql, (tenant, user_id))
+            cur = self.reader().execute(sql, args)
             cur.row_factory = None
-            rows = cur.fetchall()
+            rows = list(map(SessionHead._make, cur.fetchall()))
             for i in range(0, len(rows), batch):
                 yield rows[i : i + batch]
             return
         cur = con.cursor()
         cur.row_factory = None
         try:  # one cursor, one read snapshot across the batches
-            cur.execute(sql, (tenant, user_id))
-            while True:
-                rows = cur.fetchmany(batch)
-                if not rows:
-                    return
-                yield rows
+            cur.execute(sql, args)
+            while rows := cur.fetchmany(batch):
+                yield list(map(SessionHead._make, rows))
         finally:
             cur.close()  # ends the read snapshot before the connection goes back
             self._pool.release(con)
@@ -567,6 +591,10 @@ class SqliteViews:
             for r in self.reader().execute("SELECT body FROM reviews WHERE tenant=? ORDER BY rowid", (tenant,))
         ]
 
+    def tier(self, tier_id: str) -> dict[str, Any] | None:
+        row = self.reader().execute("SELECT body FROM tiers WHERE tier_id=?", (tier_id,)).fetchone()
+        return dict(json.loads(row[0])) if row else None
+
     def capacity_state(self, name: str) -> dict[str, Any] | None:
         row = self.reader().execute("SELECT body FROM capacity WHERE projection=?", (name,)).fetchone()
         return json.loads(row[0]) if row else None
@@ -588,6 +616,31 @@ class SqliteViews:
         con = getattr(self._local, "con", None)
         if con is not None:
             con.close()
+
+
+class _States(Mapping[str, UserConversationState]):
+    """conversation_id -> state over states rows (conversation_id, then STATE_COLUMNS),
+    each built once, when first looked up."""
+
+    def __init__(self, rows: dict[str, tuple[Any, ...]]) -> None:
+        self._rows = rows
+        self._built: dict[str, UserConversationState] = {}
+
+    def __getitem__(self, conversation_id: str) -> UserConversationState:
+        s = self._built.get(conversation_id)
+        if s is None:
+            r = self._rows[conversation_id]
+            ms = r[8]
+            s = self._built[conversation_id] = UserConversationState(
+                r[1], r[2], r[3], r[4], bool(r[5]), r[6], r[7], [int(x) for x in ms.split(",")] if ms else [], r[9]
+            )
+        return s
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
 
 
 def message_dict(r: sqlite3.Row) -> dict[str, Any]:

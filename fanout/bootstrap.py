@@ -111,9 +111,10 @@ class NoMailbox:
         pass
 
 
-def open_views_only(data_dir: Path | str) -> SqliteViews:
-    """The views of a data dir without the mailbox store: readable beside a running serve."""
-    return SqliteViews(data_dir, NoMailbox())
+def open_views_only(data_dir: Path | str, *, readonly: bool = False) -> SqliteViews:
+    """The views of a data dir without the mailbox store: readable beside a running serve
+    (`readonly`: not even a schema migration is written)."""
+    return SqliteViews(data_dir, NoMailbox(), readonly=readonly)
 
 
 def open_application(

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from projections.delivery import Delivered
+from projections.ports import ViewReader
 
 
 @dataclass(eq=False)
@@ -24,7 +25,7 @@ class Connection:
 
 
 class PushHub:
-    def __init__(self, views: Any) -> None:
+    def __init__(self, views: ViewReader) -> None:
         self.views = views
         self._lock = threading.Lock()
         self._online: dict[tuple[str, str], set[Connection]] = {}

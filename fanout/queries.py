@@ -1,19 +1,19 @@
 """The query side used by the API, the WebSocket sync and the CLI: reads of the views
-shaped as the contract of SPEC section 6. No writes here."""
+(through the ViewReader port, whatever the engine) shaped as the contract of SPEC
+section 6. No writes here."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from itertools import groupby
 from typing import Any
 
-from adapters.sqlite_views import SqliteViews
 from domain.conversation import Conversation
 from domain.delivery import MENTION_FLAGS
 from domain.errors import InvalidArgument, NotAMember, NotFound
 from domain.params import Parameters, SizeBucket
 from domain.policy import alpha_of, equivalent_threshold, meets_enter_criterion, read_diffusion_saving
+from projections.ports import ViewReader
 from projections.state import session_item
 
 SESSION_BATCH = 500
@@ -21,7 +21,7 @@ MAX_PAGE = 1000
 
 
 class Queries:
-    def __init__(self, views: SqliteViews, params: Parameters) -> None:
+    def __init__(self, views: ViewReader, params: Parameters) -> None:
         self.views = views
         self.params = params
 
@@ -32,8 +32,11 @@ class Queries:
         first frame goes out before the rest is read. BIG_GROUP_HEADS (the user's
         mention_only groups) ride the same frames (ADR minimal change set b)."""
         pending: dict[str, Any] | None = None
-        for rows in self.views.session_rows(tenant, user_id, size):
-            sessions = [session_item(r) for r in rows]
+        # Two reads, no join: the user's state rows (one partition), then the heads of
+        # those conversations in activity order, a batch at a time.
+        states = self.views.user_states(tenant, user_id)
+        for heads in self.views.heads(tenant, list(states), size):
+            sessions = [session_item(h, states[h.conversation_id]) for h in heads]
             big = [
                 {
                     "conversation_id": s["conversation_id"],
@@ -172,17 +175,8 @@ class Queries:
         """alpha (active members / members) per conversation, summarized per size bucket."""
         now = time.time() if now is None else now
         per: dict[str, list[tuple[str, str, int, float]]] = {b.value: [] for b in SizeBucket}
-        # One pass over heads joined to their members' states (not a query per
-        # conversation); the activity rule stays the domain's (alpha_of).
-        joined = self.views.reader().execute(
-            "SELECT h.tenant, h.conversation_id, h.size_bucket, s.last_active FROM heads h "
-            "LEFT JOIN states s ON s.tenant = h.tenant AND s.conversation_id = h.conversation_id "
-            + ("WHERE h.tenant = ? " if tenant is not None else "")
-            + "ORDER BY h.tenant, h.conversation_id",
-            (tenant,) if tenant is not None else (),
-        )
-        for (t, cid, bucket), group in groupby(joined, key=lambda r: (r[0], r[1], r[2])):
-            actives = [r[3] for r in group if r[3] is not None]
+        # The activity rule stays the domain's (alpha_of).
+        for t, cid, bucket, actives in self.views.conversation_activity(tenant):
             n, alpha = alpha_of(actives, now, self.params.activity_window)
             per[bucket].append((t, cid, n, alpha))
         out = {}

@@ -1,19 +1,32 @@
 """Ports of the read side. A projection writes through a `ViewWriter` inside one
 unit of work that also records the tracking position, so each notification is
-applied exactly once; every backend (SQLite here, CQL later) implements these
-and passes the one contract suite in tests/contract/."""
+applied exactly once; everything that reads the views (the runner, the projections,
+`Queries`, the push hub, the tools) reads through a `ViewReader`. Every backend
+(SQLite + RocksDB and the in-memory one here, CQL later) implements these and passes
+the one contract suite per port in tests/contract/.
+
+No read needs a join: the login read is the user's state rows (one partition by
+tenant + user) and one batched read of those conversations' heads, combined by the
+query side (fanout/queries.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
+from projections.state import SessionHead as SessionHead  # the login's head record, beside session_item
 from projections.state import UserConversationState
 
 # (user_id, pos, conversation_seq, conversation_id, flags): one UserMailboxEntry
 MailboxEntry = tuple[str, int, int, str, int]
+
+# The parts of the views a unit of work writes (a rebuild restricts it to some):
+# the mailbox store, the member states, and the rest (heads, messages, delivery
+# records, reviews, tiers).
+ALL_PARTS = frozenset({"mailbox", "state", "heads"})
 
 
 @dataclass(frozen=True)
@@ -93,20 +106,137 @@ class ViewWriter(Protocol):
     def put_tier(self, tier: dict[str, Any]) -> None: ...
 
 
-class ViewStore(Protocol):
-    def unit_of_work(self) -> AbstractContextManager[ViewWriter]:
-        """Writes in the block and the tracking positions commit together or not at all."""
+class ViewReader(Protocol):
+    """Every read of the views. Rows are plain dicts (the write's keys, `tenant` too
+    for heads); None or LookupError says a row is absent, as each method states."""
 
-    def conversation_key(self, aggregate_id: Any) -> tuple[str, str]: ...
+    # -- tracking ----------------------------------------------------------------
 
-    def review(self, review_id: str) -> dict[str, Any]: ...
+    def position(self, projection: str, partition: int = 0) -> int:
+        """The last position applied for (projection, partition); 0 before any."""
 
-    def position(self, projection: str, partition: int = 0) -> int: ...
+    def positions(self) -> dict[tuple[str, int], int]:
+        """(projection, partition) -> the last position applied, for every one tracked."""
 
-    def capacity_state(self, name: str) -> dict[str, Any] | None: ...
+    # -- conversations -------------------------------------------------------------
 
-    # reads used by projections at start-up
+    def conversation_key(self, aggregate_id: Any) -> tuple[str, str]:
+        """(tenant, conversation_id) of a Conversation aggregate; LookupError if unknown."""
+
+    def head(self, tenant: str, conversation_id: str) -> dict[str, Any] | None: ...
+
+    def heads(self, tenant: str, conversation_ids: Sequence[str], batch: int) -> Iterator[list[SessionHead]]:
+        """The heads of these conversations (the absent skipped), most recent activity
+        first (then by conversation id), in lists of at most `batch`: one batched read
+        (a multi-partition read in CQL), produced lazily."""
+
+    def heads_by_scope(self, tenant: str, size_bucket: str) -> list[str]:
+        """The conversation ids of the tenant whose head is in this size bucket."""
+
+    def tenants(self) -> list[str]:
+        """Every tenant with a conversation, sorted."""
+
+    def conversation_activity(self, tenant: str | None) -> Iterator[tuple[str, str, str, list[float]]]:
+        """(tenant, conversation_id, size_bucket, the members' last_active) of every
+        conversation (of one tenant, or all), in (tenant, conversation_id) order."""
+
     def load_conversation(
         self, tenant: str, conversation_id: str
     ) -> tuple[dict[str, Any] | None, dict[str, UserConversationState], list[int]]:
-        """(head, member states, broadcast seqs)."""
+        """(head, member states, broadcast seqs): a projection's working set."""
+
+    # -- members -------------------------------------------------------------------
+
+    def state(self, tenant: str, user_id: str, conversation_id: str) -> dict[str, Any] | None:
+        """One UserConversationState row as a dict (its fields plus conversation_id)."""
+
+    def user_states(self, tenant: str, user_id: str) -> Mapping[str, UserConversationState]:
+        """conversation_id -> the user's state, for every conversation the user is in:
+        one partition (tenant, user)."""
+
+    # -- messages and delivery records ---------------------------------------------
+
+    def message(self, tenant: str, conversation_id: str, seq: int) -> dict[str, Any] | None: ...
+
+    def messages(self, tenant: str, conversation_id: str, after_seq: int, limit: int) -> list[dict[str, Any]]:
+        """Messages with conversation_seq > after_seq in seq order, at most `limit`."""
+
+    def delivery(self, tenant: str, conversation_id: str, seq: int) -> dict[str, Any] | None:
+        """The cost record, with the runtime facts materialized_at and online_pushes."""
+
+    def mailbox_page(self, tenant: str, user_id: str, after: int, limit: int) -> list[MailboxEntry]:
+        """Mailbox entries after `after` up to the committed delivery position (a
+        cursor never skips an entry whose views have not committed yet)."""
+
+    # -- admin views ---------------------------------------------------------------
+
+    def review(self, review_id: str) -> dict[str, Any]:
+        """LookupError if unknown."""
+
+    def reviews(self, tenant: str) -> list[dict[str, Any]]:
+        """The tenant's reviews, the one written last at the end."""
+
+    def tier(self, tier_id: str) -> dict[str, Any] | None: ...
+
+    def capacity_state(self, name: str) -> dict[str, Any] | None: ...
+
+
+class ViewStore(ViewReader, Protocol):
+    """The views a projection host owns: the reads, the units of work, the mailbox."""
+
+    mailbox: MailboxStore
+
+    def unit_of_work(
+        self, parts: frozenset[str] = ALL_PARTS, *, now: float | None = None
+    ) -> AbstractContextManager[ViewWriter]:
+        """Writes in the block and the tracking positions commit together or not at all.
+        Only the writes of `parts` are kept; `now` stamps materialized_at."""
+
+    def record_pushes(self, tenant: str, conversation_id: str, seq: int, pushes: int) -> None:
+        """Add online pushes to a delivery record (after its unit committed)."""
+
+    def reopen_mailbox(self) -> None:
+        """After a storage failure: the projector retries on a freshly opened mailbox."""
+
+    def close(self) -> None: ...
+
+
+class StaleAside(RuntimeError):
+    """The live views moved while a rebuild built aside: nothing was swapped."""
+
+
+@dataclass
+class StoreDiff:
+    """Two view stores compared table by table (runtime facts left out)."""
+
+    positions: tuple[int, int]  # the delivery positions tracked (live, rebuilt)
+    rows: dict[str, int]  # table -> rows in the live views
+    # table -> (only in the live views, only in the rebuilt views), first `limit` rows each
+    differences: dict[str, tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]] = field(default_factory=dict)
+    counts: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+class AsideBuilds(Protocol):
+    """The engine's side of `fanout rebuild` / `verify`: views built aside from the log
+    are named by a prefix in a directory, swapped in, or compared with the live ones.
+    Every method runs with the views closed (the data dir's lock held)."""
+
+    tables: tuple[str, ...]  # the tables verify compares and `rebuild all` reports
+
+    def tables_of(self, parts: frozenset[str]) -> list[str]:
+        """The tables the writes of `parts` go to (not the mailbox store)."""
+
+    def remove(self, directory: Path, prefix: str) -> None:
+        """Delete views built aside (nothing if there are none)."""
+
+    def swap(self, data_dir: Path, prefix: str, target: str, parts: frozenset[str]) -> None:
+        """Put the views built aside in place of the live ones: whole stores for `all`
+        (views and mailbox) and `mailbox`, else the tables of `parts` in one transaction
+        (StaleAside if the live views moved). Runtime facts of the live delivery records
+        are carried over."""
+
+    def rows(self, data_dir: Path, tables: list[str]) -> dict[str, int]:
+        """table -> rows in the live views of a data dir."""
+
+    def diff(self, live: Path, rebuilt: Path, limit: int) -> StoreDiff:
+        """Compare the views of two directories table by table (the mailbox apart)."""

@@ -9,7 +9,7 @@ delivered_conversation_seq are computed at read time from the row and the head."
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass(slots=True)
@@ -54,22 +54,16 @@ class UserConversationState:
         )
 
 
-# Columns of the login query (SqliteViews.session_rows): the user's state joined to its head.
-SESSION_COLUMNS = (
-    "conversation_id",
-    "write_policy",
-    "latest_conversation_seq",
-    "read_conversation_seq",
-    "delivered_conversation_seq",
-    "skipping",
-    "gap_end",
-    "rebuilt_seq",
-    "mention_seqs",
-    "broadcast_base",
-    "broadcasts",
-    "last_activity_id",
-    "preview",
-)
+class SessionHead(NamedTuple):
+    """What the session list shows of a ConversationHead (the login's batched read)."""
+
+    conversation_id: str
+    write_policy: str
+    latest_conversation_seq: int
+    broadcasts: int
+    last_activity_id: str | None
+    last_activity_at: float | None
+    preview: str | None
 
 
 def unread_exact(
@@ -80,22 +74,28 @@ def unread_exact(
     return delivered_seq is None or max(read_seq, rebuilt_seq) >= (latest if skipping else (gap_end or 0))
 
 
-def session_item(row: tuple[Any, ...]) -> dict[str, Any]:
-    """One sessions[] item of SESSION_LIST_BATCH from one row of SESSION_COLUMNS."""
-    (cid, policy, latest, read_conversation_seq, delivered, skipping, gap_end, rebuilt, ms, b_base, broadcasts, last_id, preview) = row
+def session_item(head: SessionHead, state: UserConversationState) -> dict[str, Any]:
+    """One sessions[] item of SESSION_LIST_BATCH: the conversation's head and the
+    user's state in it (two reads, combined here; no join)."""
+    latest, read, delivered, policy = (
+        head.latest_conversation_seq,
+        state.read_conversation_seq,
+        state.delivered_conversation_seq,
+        head.write_policy,
+    )
     # With send-marks-read and state dropped on leave, every message after read_conversation_seq
     # was sent to this member by someone else (ADR 0002): unread is latest - read.
-    exact = unread_exact(latest, read_conversation_seq, rebuilt, delivered, bool(skipping), gap_end)
+    exact = unread_exact(latest, read, state.rebuilt_seq, delivered, state.skipping, state.gap_end)
     item: dict[str, Any] = {
-        "conversation_id": cid,
+        "conversation_id": head.conversation_id,
         "write_policy": policy,
         "latest_conversation_seq": latest,
-        "read_conversation_seq": read_conversation_seq,
-        "unread_count": latest - read_conversation_seq if latest > read_conversation_seq else 0,
+        "read_conversation_seq": read,
+        "unread_count": latest - read if latest > read else 0,
         "unread_exact": exact,
-        "mention_count": (ms.count(",") + 1 if ms else 0) + broadcasts - b_base,
-        "last_activity_id": last_id,
-        "preview": preview,
+        "mention_count": len(state.mention_seqs) + head.broadcasts - state.broadcast_base,
+        "last_activity_id": head.last_activity_id,
+        "preview": head.preview,
     }
     if delivered is not None or policy == "mention_only" or not exact:
         item["delivered_conversation_seq"] = latest if delivered is None else delivered

@@ -16,11 +16,11 @@ from typing import Any
 from eventsourcing.application import Application
 from eventsourcing.persistence import Notification
 
-from adapters.sqlite_views import ALL_PARTS, SqliteViews
 from domain.params import Parameters
 from domain.review import topics_of
 from projections.failures import Throttled, storage_failure
 from projections.hosting import PROJECTIONS, Effect, Projection, build_projections, topics
+from projections.ports import ALL_PARTS, ViewStore
 
 log = logging.getLogger("fanout.runner")
 RETRY_AFTER_FAILURE = 0.5  # seconds between attempts while the projection fails
@@ -30,7 +30,7 @@ class EmbeddedRunner:
     def __init__(
         self,
         app: Application[Any],
-        views: SqliteViews,
+        views: ViewStore,
         params: Parameters,
         *,
         parts: frozenset[str] = ALL_PARTS,

@@ -7,26 +7,25 @@ is not opened, since a running server holds its lock and nothing here needs it."
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from adapters.sqlite_views import SqliteViews
 from domain.params import Parameters, SizeBucket
 from domain.policy import equivalent_threshold, meets_enter_criterion, read_diffusion_saving
 from domain.tier import Tier
 from fanout.bootstrap import open_views_only
 from fanout.queries import Queries
 from projections.capacity import CapacityProjection
+from projections.ports import ViewStore
 
 
 class AnalyzeError(RuntimeError):
     pass
 
 
-def open_views(data_dir: Path) -> SqliteViews:
+def open_views(data_dir: Path) -> ViewStore:
     if not (Path(data_dir) / "views.sqlite").exists():
         raise AnalyzeError(f"{data_dir} has no views (views.sqlite); run `fanout serve` or `fanout rebuild all` first")
     return open_views_only(data_dir)  # analyze reads heads and states only
@@ -39,16 +38,9 @@ class Terms:
     source: str  # "given" or "tier <review id>"
 
 
-def _tier_terms(views: SqliteViews, tenant: str, bucket: str) -> Terms | None:
-    row = (
-        views.reader()
-        .execute("SELECT body FROM tiers WHERE tier_id=?", (str(Tier.create_id(tenant, bucket)),))
-        .fetchone()
-    )
-    if row is None:
-        return None
-    body = json.loads(row[0])
-    if not body.get("enabled"):
+def _tier_terms(views: ViewStore, tenant: str, bucket: str) -> Terms | None:
+    body = views.tier(str(Tier.create_id(tenant, bucket)))
+    if body is None or not body.get("enabled"):
         return None
     return Terms(
         float(body["read_diffusion_min_saving"]),
@@ -57,12 +49,11 @@ def _tier_terms(views: SqliteViews, tenant: str, bucket: str) -> Terms | None:
     )
 
 
-def _review_terms(views: SqliteViews, tenant: str, bucket: str) -> Terms | None:
+def _review_terms(views: ViewStore, tenant: str, bucket: str) -> Terms | None:
     """The latest review of tenant x bucket decided with the two alpha parameters (its
     tier was since rolled back, or the review's tier is not enabled yet)."""
     found: Terms | None = None
-    for r in views.reader().execute("SELECT body FROM reviews WHERE tenant=? ORDER BY rowid", (tenant,)):
-        body = json.loads(r[0])
+    for body in views.reviews(tenant):
         params = body.get("decision_params") or {}
         if body.get("size_bucket") == bucket and {
             "read_diffusion_min_saving",
@@ -95,7 +86,7 @@ def alpha_report(
     views = open_views(data_dir)
     try:
         q = Queries(views, params)
-        tenants = [tenant] if tenant else sorted({h["tenant"] for h in views.all_heads()})
+        tenants = [tenant] if tenant else views.tenants()
         given = Terms(min_saving, max_active_ratio, "given") if min_saving is not None else None  # type: ignore[arg-type]
         buckets: dict[str, dict[str, Any]] = {
             b.value: {"bucket": b.value, "conversations": [], "terms": set()} for b in SizeBucket

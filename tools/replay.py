@@ -17,7 +17,6 @@ naming the event instead of writing a line no strict parser reads."""
 from __future__ import annotations
 
 import difflib
-import sqlite3
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from domain.quota import TenantQuota
 from domain.review import Review, topics_of
 from domain.tier import Tier
 from fanout import strict_json
+from projections.ports import ViewStore
 
 PAGE = 1000
 AGGREGATES: tuple[type[Aggregate], ...] = (Conversation, Review, Tier, TenantQuota)
@@ -176,12 +176,13 @@ class _Keys:
     def __init__(self, app: Any, data_dir: Path) -> None:
         self.app = app
         self.known: dict[UUID, tuple[str | None, str | None]] = {}
-        views = data_dir / "views.sqlite"
-        self._views: sqlite3.Connection | None = None
-        if views.exists():
-            try:
-                self._views = sqlite3.connect(f"file:{views}?mode=ro", uri=True, timeout=30)
-            except sqlite3.Error:
+        self._views: ViewStore | None = None
+        if (data_dir / "views.sqlite").exists():
+            from fanout.bootstrap import open_views_only
+
+            try:  # read-only: replay runs beside a running serve
+                self._views = open_views_only(data_dir, readonly=True)
+            except Exception:  # views we cannot open: keys come from the log and the aggregates
                 self._views = None
 
     def learn(self, event: Any) -> None:
@@ -197,13 +198,9 @@ class _Keys:
         key: tuple[str | None, str | None] = (None, None)
         if isinstance(event, Conversation.Event) and self._views is not None:
             try:
-                row = self._views.execute(
-                    "SELECT tenant, conversation_id FROM heads WHERE aggregate_id=?", (str(oid),)
-                ).fetchone()
-            except sqlite3.Error:
-                row = None
-            if row is not None:
-                key = (row[0], row[1])
+                key = self._views.conversation_key(oid)
+            except Exception:  # not in the views (or unreadable): ask the aggregate
+                key = (None, None)
         if key == (None, None):
             try:
                 agg = self.app.repository.get(oid)

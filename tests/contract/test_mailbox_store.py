@@ -1,5 +1,6 @@
 """One contract for the MailboxStore port, run against every backend (STYLE: a
-view store is a port with one contract suite). Real files on disk, no mocks."""
+view store is a port with one contract suite): RocksDB and SQLite on real files, and
+the in-memory store. No mocks."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from adapters.memory import MemoryMailbox
 from adapters.rocksdb_mailbox import RocksMailbox, ShardCountMismatch
 from adapters.sqlite_views import SqliteMailbox
 from projections.ports import MailboxStore, MessageRefs
@@ -28,7 +30,7 @@ def refs(cid: str, pos: int, seq: int, users: list[str], flags: int = 0, special
 class MailboxContract:
     """Subclass per backend and implement `make`."""
 
-    def make(self, path: Path) -> Any:
+    def make(self, path: Path) -> MailboxStore:
         raise NotImplementedError
 
     @pytest.fixture
@@ -103,7 +105,7 @@ class MailboxContract:
 
 
 class TestRocksMailbox(MailboxContract):
-    def make(self, path: Path) -> Any:
+    def make(self, path: Path) -> MailboxStore:
         return RocksMailbox(path, SHARDS)
 
     def test_reopening_with_another_shard_count_is_refused_with_what_to_do(self, tmp_path: Path) -> None:
@@ -121,5 +123,10 @@ class TestRocksMailbox(MailboxContract):
 
 
 class TestSqliteMailbox(MailboxContract):
-    def make(self, path: Path) -> Any:
+    def make(self, path: Path) -> MailboxStore:
         return SqliteMailbox(path.with_suffix(".sqlite"))
+
+
+class TestMemoryMailbox(MailboxContract):
+    def make(self, path: Path) -> MailboxStore:
+        return MemoryMailbox()

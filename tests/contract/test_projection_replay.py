@@ -14,12 +14,14 @@ from typing import Any
 
 import pytest
 
+from adapters.memory import MemoryViews
 from domain.params import Parameters
 from fanout.bootstrap import open_views
 from fanout.queries import Queries
 from projections.capacity import CapacityProjection
 from projections.delivery import DeliveryProjection
 from projections.hosting import build_projections
+from projections.ports import ViewStore
 from tests.integration.conftest import FakeClock, Harness
 
 T = "acme"
@@ -119,7 +121,7 @@ def log(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, Any]]:
 
 class ProjectionReplayContract:
     @classmethod
-    def make(cls, path: Path) -> Any:
+    def make(cls, path: Path) -> ViewStore:
         raise NotImplementedError
 
     @pytest.fixture(scope="class")
@@ -154,5 +156,11 @@ class ProjectionReplayContract:
 
 class TestSqliteViewsReplay(ProjectionReplayContract):
     @classmethod
-    def make(cls, path: Path) -> Any:
+    def make(cls, path: Path) -> ViewStore:
         return open_views(path, PARAMS.mailbox_shards)
+
+
+class TestMemoryViewsReplay(ProjectionReplayContract):
+    @classmethod
+    def make(cls, path: Path) -> ViewStore:
+        return MemoryViews()

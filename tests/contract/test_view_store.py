@@ -1,7 +1,8 @@
 """One contract for the view store (the read side a projection writes through and
-the API reads from), written once and subclassed per backend: SQLite views with the
-RocksDB mailbox today; the Cassandra/Scylla backend of the distributed runtime must
-pass the same suite. Real files, no mocks."""
+everything else reads through: the ViewWriter, ViewReader and ViewStore ports), written
+once and subclassed per backend: SQLite views with the RocksDB mailbox (real files),
+and the in-memory backend; the Cassandra/Scylla backend of the distributed runtime must
+pass the same suite. No mocks."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from typing import Any
 
 import pytest
 
+from adapters.memory import MemoryViews
 from fanout.bootstrap import open_views
-from projections.ports import MessageRefs
+from projections.ports import MessageRefs, ViewStore
 from projections.sharding import shard_of
-from projections.state import UserConversationState, session_item
+from projections.state import SessionHead, UserConversationState, session_item
 
 T = "acme"
 
@@ -61,8 +63,24 @@ def refs(cid: str, pos: int, seq: int, users: list[str]) -> MessageRefs:
     return MessageRefs(cid, pos, seq, 0, {}, by)
 
 
+def record(pos: int) -> dict[str, Any]:
+    return {
+        "message_id": "m1",
+        "write_policy": "always",
+        "member_count": 2,
+        "mailbox_entries": 2,
+        "shards": 2,
+        "body_bytes": 6,
+        "pos": pos,
+    }
+
+
+def fresh(read: int = 0) -> UserConversationState:
+    return UserConversationState(read_conversation_seq=read, joined_seq=0)
+
+
 class ViewStoreContract:
-    def make(self, path: Path) -> Any:
+    def make(self, path: Path) -> ViewStore:
         raise NotImplementedError
 
     @pytest.fixture
@@ -114,25 +132,20 @@ class ViewStoreContract:
         assert set(views.load_conversation(T, "c")[1]) == {"a"}
 
     def test_the_delivery_record_is_materialized_at_commit_and_counts_pushes(self, views: Any) -> None:
-        record = {
-            "message_id": "m1",
-            "write_policy": "always",
-            "member_count": 2,
-            "mailbox_entries": 2,
-            "shards": 2,
-            "body_bytes": 6,
-            "pos": 5,
-        }
         with views.unit_of_work(now=123.0) as w:
             w.put_head(T, "c", head("c", 1))
             w.put_message(T, "c", message("c", 1, 5))
-            w.put_delivery(T, "c", 1, record)
+            w.put_delivery(T, "c", 1, record(5))
             w.put_mailbox(T, refs("c", 5, 1, ["a", "b"]))
             w.track("delivery", 5)
+        assert views.delivery(T, "c", 1)["online_pushes"] is None
         views.record_pushes(T, "c", 1, 3)
+        views.record_pushes(T, "c", 1, 1)
         got = views.delivery(T, "c", 1)
-        assert got["materialized_at"] == 123.0 and got["online_pushes"] == 3 and got["mailbox_entries"] == 2
+        assert got["materialized_at"] == 123.0 and got["online_pushes"] == 4 and got["mailbox_entries"] == 2
         assert views.message(T, "c", 1)["mentions"] == ["b"]
+        assert "pos" not in views.message(T, "c", 1)
+        assert views.delivery(T, "c", 2) is None and views.message(T, "c", 2) is None
 
     def test_mailbox_entries_are_visible_only_up_to_the_committed_position(self, views: Any) -> None:
         with views.unit_of_work() as w:
@@ -144,19 +157,101 @@ class ViewStoreContract:
             w.track("delivery", 9)
         assert [e[1] for e in views.mailbox_page(T, "a", 0, 10)] == [5, 9]
 
-    def test_the_login_read_is_one_join_in_activity_order_in_batches(self, views: Any) -> None:
+    def test_the_login_read_is_two_reads_combined_in_activity_order_in_batches(self, views: Any) -> None:
         with views.unit_of_work() as w:
-            for i, at in enumerate([5.0, 9.0, 1.0]):
+            for i, at in enumerate([5.0, 9.0, 1.0, 9.0]):
                 cid = f"c{i}"
                 w.put_head(T, cid, head(cid, latest=i + 1, at=at))
-                w.put_states(T, cid, [("u", UserConversationState(read_conversation_seq=0, joined_seq=0))])
+                w.put_states(T, cid, [("u", fresh())])
             w.put_head("other", "c0", head("c0", latest=7, at=99.0, tenant="other"))
-            w.put_states("other", "c0", [("u", UserConversationState(read_conversation_seq=0, joined_seq=0))])
-        batches = list(views.session_rows(T, "u", 2))
-        assert [len(b) for b in batches] == [2, 1]
-        items = [session_item(r) for b in batches for r in b]
-        assert [s["conversation_id"] for s in items] == ["c1", "c0", "c2"]
-        assert [s["unread_count"] for s in items] == [2, 1, 3]
+            w.put_states("other", "c0", [("u", fresh())])
+            w.put_states("other", "c9", [("u", fresh())])  # a state without a head
+        states = views.user_states(T, "u")
+        assert sorted(states) == ["c0", "c1", "c2", "c3"] and states["c1"] == fresh()
+        batches = list(views.heads(T, sorted(states), 2))
+        assert [len(b) for b in batches] == [2, 2]
+        # most recent activity first, then by conversation id
+        assert [h.conversation_id for b in batches for h in b] == ["c1", "c3", "c0", "c2"]
+        assert batches[0][0] == SessionHead("c1", "always", 2, 0, "m2", 9.0, "p2")
+        items = [session_item(h, states[h.conversation_id]) for b in batches for h in b]
+        assert [s["unread_count"] for s in items] == [2, 4, 1, 3]
+        other = views.user_states("other", "u")
+        assert [h.conversation_id for b in views.heads("other", list(other), 10) for h in b] == ["c0"]
+        assert views.user_states(T, "nobody") == {} and list(views.heads(T, [], 5)) == []
+
+    def test_reads_of_heads_by_scope_tenant_and_activity(self, views: Any) -> None:
+        with views.unit_of_work() as w:
+            w.put_head(T, "b", head("b"))
+            w.put_head(T, "a", {**head("a"), "size_bucket": "large"})
+            w.put_head("zeta", "z", head("z", tenant="zeta"))
+            w.put_states(T, "b", [("u", UserConversationState(0, 0, last_active=4.0)), ("v", fresh())])
+        assert views.heads_by_scope(T, "small") == ["b"] and views.heads_by_scope(T, "large") == ["a"]
+        assert views.tenants() == [T, "zeta"]
+        activity = [(t, c, bucket, sorted(actives)) for t, c, bucket, actives in views.conversation_activity(T)]
+        assert activity == [(T, "a", "large", []), (T, "b", "small", [0.0, 4.0])]
+        assert [c[:2] for c in views.conversation_activity(None)] == [(T, "a"), (T, "b"), ("zeta", "z")]
+        assert views.head(T, "a")["tenant"] == T and views.head(T, "a")["size_bucket"] == "large"
+
+    def test_a_state_reads_as_its_row(self, views: Any) -> None:
+        s = UserConversationState(read_conversation_seq=3, joined_seq=1, mention_seqs=[4, 6], skipping=True)
+        with views.unit_of_work() as w:
+            w.put_states(T, "c", [("a", s)])
+        row = views.state(T, "a", "c")
+        assert row["read_conversation_seq"] == 3 and row["mention_seqs"] == "4,6" and row["skipping"] == 1
+        assert (row["tenant"], row["user_id"], row["conversation_id"]) == (T, "a", "c")
+        assert views.state(T, "b", "c") is None
+
+    def test_tracking_is_per_projection_and_partition(self, views: Any) -> None:
+        assert views.position("delivery") == 0 and views.positions() == {}
+        with views.unit_of_work() as w:
+            w.track("delivery", 4)
+            w.track("delivery", 9, partition=2)
+            w.track("capacity", 4)
+        assert views.positions() == {("delivery", 0): 4, ("delivery", 2): 9, ("capacity", 0): 4}
+        assert views.position("delivery", 2) == 9
+
+    def test_reviews_tiers_and_capacity_are_json_bodies(self, views: Any) -> None:
+        with views.unit_of_work() as w:
+            w.put_review({"review_id": "r1", "tenant": T, "status": "open"})
+            w.put_review({"review_id": "r2", "tenant": T, "status": "open"})
+            w.put_review({"review_id": "r3", "tenant": "other", "status": "open"})
+            w.put_tier({"tier_id": "t", "enabled": True, "review_id": "r1"})
+            w.put_capacity("capacity", {"applied": {0: 5}, "slots": [(1, {"x": 2})]})
+        with views.unit_of_work() as w:
+            w.put_review({"review_id": "r1", "tenant": T, "status": "decided"})
+            w.put_tier({"tier_id": "t", "enabled": False})
+        assert [(r["review_id"], r["status"]) for r in views.reviews(T)] == [("r2", "open"), ("r1", "decided")]
+        assert views.review("r3")["tenant"] == "other"
+        with pytest.raises(LookupError):
+            views.review("nope")
+        assert views.tier("t") == {"tier_id": "t", "enabled": False, "review_id": "r1"}  # merged
+        assert views.tier("nope") is None
+        assert views.capacity_state("capacity") == {"applied": {"0": 5}, "slots": [[1, {"x": 2}]]}
+        assert views.capacity_state("nope") is None
+        with pytest.raises(LookupError):
+            views.conversation_key(uuid.uuid4())
+
+    def test_a_unit_restricted_to_some_parts_keeps_only_their_writes(self, views: Any) -> None:
+        with views.unit_of_work(frozenset({"state"})) as w:
+            w.put_head(T, "c", head("c"))
+            w.put_states(T, "c", [("a", fresh())])
+            w.put_mailbox(T, refs("c", 1, 1, ["a"]))
+            w.track("delivery", 1)
+        assert views.head(T, "c") is None and views.state(T, "a", "c") is not None
+        assert views.mailbox_page(T, "a", 0, 10) == [] and views.position("delivery") == 1
+
+    def test_written_objects_are_copied_not_shared(self, views: Any) -> None:
+        s = fresh()
+        h = head("c")
+        with views.unit_of_work() as w:
+            w.put_head(T, "c", h)
+            w.put_states(T, "c", [("a", s)])
+            s.mention_seqs.append(7)  # the projection keeps mutating its working set
+            h["latest_conversation_seq"] = 99
+        assert views.user_states(T, "a")["c"].mention_seqs == []
+        assert views.head(T, "c")["latest_conversation_seq"] == 0
+        views.load_conversation(T, "c")[1]["a"].mention_seqs.append(8)
+        assert views.load_conversation(T, "c")[1]["a"].mention_seqs == []
 
     def test_history_pages_in_seq_order(self, views: Any) -> None:
         with views.unit_of_work() as w:
@@ -167,8 +262,13 @@ class ViewStoreContract:
 
 
 class TestSqliteViews(ViewStoreContract):
-    def make(self, path: Path) -> Any:
+    def make(self, path: Path) -> ViewStore:
         return open_views(path, 16)  # with the RocksDB mailbox, as bootstrap opens them
+
+
+class TestMemoryViews(ViewStoreContract):
+    def make(self, path: Path) -> ViewStore:
+        return MemoryViews()
 
 
 def test_views_written_before_the_adr_column_names_are_migrated_in_place(tmp_path: Path) -> None:

@@ -49,15 +49,7 @@ ROOT_ONLY = frozenset({"adapters", "streams"})  # fanout/ imports these only in 
 CLI_TO_API = frozenset({"api.app"})
 
 # (importing module, imported module): known, owned, with the change that removes it.
-PENDING: dict[tuple[str, str], str] = {
-    ("streams.embedded", "adapters.sqlite_views"): (
-        "the runner typed on SqliteViews and ALL_PARTS: type it on the projections.ports ViewStore port, "
-        "with the parts named there (the lead, streams/; ports: the views engineer)"
-    ),
-    ("fanout.queries", "adapters.sqlite_views"): (
-        "Queries typed on SqliteViews: type it on the ViewReader port of projections.ports (the views engineer)"
-    ),
-}
+PENDING: dict[tuple[str, str], str] = {}
 
 
 def package_of(module: str) -> str:
