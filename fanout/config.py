@@ -21,6 +21,11 @@ class ConfigError(ValueError):
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 
 
+# Variables of the project's tooling, not settings of a fanout process: the engine scripts
+# (infra/engines: FANOUT_ENGINES, FANOUT_ENGINES_DIR, ...) and the test suite's knobs.
+TOOLING_PREFIXES = ("FANOUT_ENGINES", "FANOUT_INVARIANT_")
+
+
 def parse_duration(text: str) -> float:
     """'500ms', '2s', '24h', '7d' -> seconds; a bare number is seconds."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|min|m|h|d)?\s*", str(text))
@@ -166,8 +171,10 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | None 
         k
         for k in values
         if k.startswith("FANOUT_")
+        and not k.startswith(TOOLING_PREFIXES)
         and k[7:] not in _PARAMS
-        and k not in {"FANOUT_DATA_DIR", "FANOUT_EVENT_STORE", "FANOUT_LOG", "FANOUT_VIEWS", "FANOUT_SECRET", "FANOUT_CONFIG"}
+        and k
+        not in {"FANOUT_DATA_DIR", "FANOUT_EVENT_STORE", "FANOUT_LOG", "FANOUT_VIEWS", "FANOUT_SECRET", "FANOUT_CONFIG"}
     )
     if unknown:
         raise ConfigError(f"unknown setting {unknown[0]}; known: {', '.join('FANOUT_' + n for n in _PARAMS)}")
