@@ -111,7 +111,10 @@ class MemoryWriter:
 
     def put_message(self, tenant: str, conversation_id: str, message: dict[str, Any]) -> None:
         m = copy.deepcopy(message)
-        self._queue("heads", lambda v: v.message_rows.setdefault((tenant, conversation_id), {}).__setitem__(m["conversation_seq"], m))
+        self._queue(
+            "heads",
+            lambda v: v.message_rows.setdefault((tenant, conversation_id), {}).__setitem__(m["conversation_seq"], m),
+        )
 
     def put_mailbox(self, tenant: str, refs: MessageRefs) -> None:
         if "mailbox" not in self.parts or not refs.shards:
@@ -119,7 +122,9 @@ class MemoryWriter:
         self.mailbox.append((tenant, refs))
         self.mailbox_entries += sum(len(b) for b in refs.shards.values())
 
-    def put_states(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]) -> None:
+    def put_states(
+        self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]
+    ) -> None:
         rows = [(u, copy.deepcopy(s)) for u, s in states]
         self._queue("state", lambda v: v.put_state_rows(tenant, conversation_id, rows))
 

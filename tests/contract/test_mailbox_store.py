@@ -20,7 +20,9 @@ from projections.sharding import shard_of
 SHARDS = 4
 
 
-def refs(cid: str, pos: int, seq: int, users: list[str], flags: int = 0, special: dict[str, int] | None = None) -> MessageRefs:
+def refs(
+    cid: str, pos: int, seq: int, users: list[str], flags: int = 0, special: dict[str, int] | None = None
+) -> MessageRefs:
     by: dict[int, list[str]] = {}
     for u in sorted(users):
         by.setdefault(shard_of(u, SHARDS), []).append(u)
@@ -83,13 +85,17 @@ class MailboxContract:
     @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.differing_executors])
     @given(
         writes=st.lists(
-            st.tuples(st.sampled_from(["t", "u"]), st.sets(st.sampled_from(["a", "b", "ab", "b\u00e9", "z9"]), min_size=1)),
+            st.tuples(
+                st.sampled_from(["t", "u"]), st.sets(st.sampled_from(["a", "b", "ab", "b\u00e9", "z9"]), min_size=1)
+            ),
             min_size=1,
             max_size=12,
         ),
         after=st.integers(0, 14),
     )
-    def test_reads_equal_a_reference_model(self, tmp_path_factory: pytest.TempPathFactory, writes: list[tuple[str, set[str]]], after: int) -> None:
+    def test_reads_equal_a_reference_model(
+        self, tmp_path_factory: pytest.TempPathFactory, writes: list[tuple[str, set[str]]], after: int
+    ) -> None:
         store = self.make(tmp_path_factory.mktemp("model") / "mailbox")
         try:
             model: dict[tuple[str, str], list[int]] = {}

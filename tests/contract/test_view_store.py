@@ -110,11 +110,15 @@ class ViewStoreContract:
         assert views.mailbox_page(T, "a", 0, 10) == []
 
     def test_member_states_round_trip_and_gap_updates_touch_only_the_gap(self, views: Any) -> None:
-        a = UserConversationState(read_conversation_seq=3, joined_seq=1, last_active=9.5, mention_seqs=[4, 6], broadcast_base=1)
+        a = UserConversationState(
+            read_conversation_seq=3, joined_seq=1, last_active=9.5, mention_seqs=[4, 6], broadcast_base=1
+        )
         with views.unit_of_work() as w:
             w.put_head(T, "c", head("c", 6))
             w.put_states(T, "c", [("a", a), ("b", UserConversationState(read_conversation_seq=0, joined_seq=0))])
-        gap = UserConversationState(read_conversation_seq=99, joined_seq=99, delivered_conversation_seq=4, skipping=True, gap_end=None)
+        gap = UserConversationState(
+            read_conversation_seq=99, joined_seq=99, delivered_conversation_seq=4, skipping=True, gap_end=None
+        )
         with views.unit_of_work() as w:
             w.put_gaps(T, "c", [("a", gap)])
         _, states, _ = views.load_conversation(T, "c")
