@@ -12,7 +12,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
 from itertools import groupby
@@ -515,16 +515,20 @@ class SqliteViews:
         ).fetchone()
         return dict(row) if row else None
 
-    def user_states(self, tenant: str, user_id: str) -> Mapping[str, UserConversationState]:
+    def user_states(self, tenant: str, user_id: str) -> dict[str, UserConversationState]:
         """The user's rows: one range of the primary key (tenant, user_id, conversation_id),
-        each made a UserConversationState when first looked up (a login of thousands
-        sends its first batch before the rest are built)."""
+        built positionally (a login reads thousands)."""
         cur = self.reader().execute(
             f"SELECT conversation_id, {', '.join(STATE_COLUMNS)} FROM states WHERE tenant=? AND user_id=?",
             (tenant, user_id),
         )
         cur.row_factory = None
-        return _States({r[0]: r for r in cur})
+        return {
+            r[0]: UserConversationState(
+                r[1], r[2], r[3], r[4], bool(r[5]), r[6], r[7], [int(x) for x in r[8].split(",")] if r[8] else [], r[9]
+            )
+            for r in cur
+        }
 
     def heads(self, tenant: str, conversation_ids: Sequence[str], batch: int) -> Iterator[list[SessionHead]]:
         """The login's heads: one statement over the ids (a JSON array bound once), sorted
@@ -616,31 +620,6 @@ class SqliteViews:
         con = getattr(self._local, "con", None)
         if con is not None:
             con.close()
-
-
-class _States(Mapping[str, UserConversationState]):
-    """conversation_id -> state over states rows (conversation_id, then STATE_COLUMNS),
-    each built once, when first looked up."""
-
-    def __init__(self, rows: dict[str, tuple[Any, ...]]) -> None:
-        self._rows = rows
-        self._built: dict[str, UserConversationState] = {}
-
-    def __getitem__(self, conversation_id: str) -> UserConversationState:
-        s = self._built.get(conversation_id)
-        if s is None:
-            r = self._rows[conversation_id]
-            ms = r[8]
-            s = self._built[conversation_id] = UserConversationState(
-                r[1], r[2], r[3], r[4], bool(r[5]), r[6], r[7], [int(x) for x in ms.split(",")] if ms else [], r[9]
-            )
-        return s
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._rows)
-
-    def __len__(self) -> int:
-        return len(self._rows)
 
 
 def message_dict(r: sqlite3.Row) -> dict[str, Any]:
