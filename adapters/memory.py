@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from projections.ports import ALL_PARTS, MailboxEntry, MessageRefs
-from projections.state import SessionHead, UserConversationState
+from projections.state import Session, SessionHead, UserConversationState, sessions_by_two_reads
 
 Key = tuple[str, str]  # (tenant, conversation_id)
 
@@ -242,6 +242,9 @@ class MemoryViews:
         with self._lock:
             row = self.heads_rows.get((tenant, conversation_id))
             return dict(row) if row is not None else None
+
+    def sessions(self, tenant: str, user_id: str, batch: int) -> Iterator[list[Session]]:
+        return sessions_by_two_reads(self, tenant, user_id, batch)
 
     def heads(self, tenant: str, conversation_ids: Sequence[str], batch: int) -> Iterator[list[SessionHead]]:
         with self._lock:

@@ -32,11 +32,8 @@ class Queries:
         first frame goes out before the rest is read. BIG_GROUP_HEADS (the user's
         mention_only groups) ride the same frames (ADR minimal change set b)."""
         pending: dict[str, Any] | None = None
-        # Two reads, no join: the user's state rows (one partition), then the heads of
-        # those conversations in activity order, a batch at a time.
-        states = self.views.user_states(tenant, user_id)
-        for heads in self.views.heads(tenant, list(states), size):
-            sessions = [session_item(h, states[h.conversation_id]) for h in heads]
+        for batch in self.views.sessions(tenant, user_id, size):
+            sessions = [session_item(h, st) for h, st in batch]
             big = [
                 {
                     "conversation_id": s["conversation_id"],

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from projections.state import Session as Session
 from projections.state import SessionHead as SessionHead  # the login's head record, beside session_item
 from projections.state import UserConversationState
 
@@ -129,6 +130,13 @@ class ViewReader(Protocol):
         """The heads of these conversations (the absent skipped), most recent activity
         first (then by conversation id), in lists of at most `batch`: one batched read
         (a multi-partition read in CQL), produced lazily."""
+
+    def sessions(self, tenant: str, user_id: str, batch: int) -> Iterator[list[Session]]:
+        """The login read (ADR section 3): each conversation of the user with its head,
+        most recent activity first (then by conversation id), in lists of at most
+        `batch`, produced lazily; never a read per conversation. A store without joins
+        answers it with `projections.state.sessions_by_two_reads` (its states, then one
+        batched read of their heads); SQLite answers it with one statement."""
 
     def heads_by_scope(self, tenant: str, size_bucket: str) -> list[str]:
         """The conversation ids of the tenant whose head is in this size bucket."""

@@ -8,6 +8,7 @@ delivered_conversation_seq are computed at read time from the row and the head."
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -66,6 +67,42 @@ class SessionHead(NamedTuple):
     preview: str | None
 
 
+class SessionState(NamedTuple):
+    """What the session list needs of a UserConversationState: the counts' inputs, with
+    the personal mentions as a number (a login reads thousands of these)."""
+
+    read_conversation_seq: int
+    delivered_conversation_seq: int | None
+    skipping: bool
+    gap_end: int | None
+    rebuilt_seq: int
+    personal_mentions: int
+    broadcast_base: int
+
+    @classmethod
+    def of(cls, s: UserConversationState) -> SessionState:
+        return cls(
+            s.read_conversation_seq,
+            s.delivered_conversation_seq,
+            s.skipping,
+            s.gap_end,
+            s.rebuilt_seq,
+            len(s.mention_seqs),
+            s.broadcast_base,
+        )
+
+
+Session = tuple[SessionHead, SessionState]
+
+
+def sessions_by_two_reads(reader: Any, tenant: str, user_id: str, batch: int) -> Iterator[list[Session]]:
+    """The login read as two reads, for stores without joins (memory, CQL): the user's
+    states (one partition), then one batched read of their heads in activity order."""
+    states = reader.user_states(tenant, user_id)
+    for heads in reader.heads(tenant, list(states), batch):
+        yield [(h, SessionState.of(states[h.conversation_id])) for h in heads]
+
+
 def unread_exact(
     latest: int, read_seq: int, rebuilt_seq: int, delivered_seq: int | None, skipping: bool, gap_end: int | None
 ) -> bool:
@@ -74,9 +111,9 @@ def unread_exact(
     return delivered_seq is None or max(read_seq, rebuilt_seq) >= (latest if skipping else (gap_end or 0))
 
 
-def session_item(head: SessionHead, state: UserConversationState) -> dict[str, Any]:
+def session_item(head: SessionHead, state: SessionState) -> dict[str, Any]:
     """One sessions[] item of SESSION_LIST_BATCH: the conversation's head and the
-    user's state in it (two reads, combined here; no join)."""
+    user's state in it."""
     latest, read, delivered, policy = (
         head.latest_conversation_seq,
         state.read_conversation_seq,
@@ -93,7 +130,7 @@ def session_item(head: SessionHead, state: UserConversationState) -> dict[str, A
         "read_conversation_seq": read,
         "unread_count": latest - read if latest > read else 0,
         "unread_exact": exact,
-        "mention_count": len(state.mention_seqs) + head.broadcasts - state.broadcast_base,
+        "mention_count": state.personal_mentions + head.broadcasts - state.broadcast_base,
         "last_activity_id": head.last_activity_id,
         "preview": head.preview,
     }

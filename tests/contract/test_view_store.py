@@ -17,7 +17,7 @@ from adapters.memory import MemoryViews
 from fanout.bootstrap import open_views
 from projections.ports import MessageRefs, ViewStore
 from projections.sharding import shard_of
-from projections.state import SessionHead, UserConversationState, session_item
+from projections.state import SessionHead, SessionState, UserConversationState, session_item, sessions_by_two_reads
 
 T = "acme"
 
@@ -177,11 +177,28 @@ class ViewStoreContract:
         # most recent activity first, then by conversation id
         assert [h.conversation_id for b in batches for h in b] == ["c1", "c3", "c0", "c2"]
         assert batches[0][0] == SessionHead("c1", "always", 2, 0, "m2", 9.0, "p2")
-        items = [session_item(h, states[h.conversation_id]) for b in batches for h in b]
+        items = [session_item(h, SessionState.of(states[h.conversation_id])) for b in batches for h in b]
         assert [s["unread_count"] for s in items] == [2, 4, 1, 3]
         other = views.user_states("other", "u")
         assert [h.conversation_id for b in views.heads("other", list(other), 10) for h in b] == ["c0"]
         assert views.user_states(T, "nobody") == {} and list(views.heads(T, [], 5)) == []
+        # sessions(): the same pairs in the same order and batches as the two reads give,
+        # whichever way the backend answers it (a join, or the two reads)
+        for tenant, user, size in ((T, "u", 2), (T, "u", 3), ("other", "u", 10), (T, "nobody", 5)):
+            assert list(views.sessions(tenant, user, size)) == list(sessions_by_two_reads(views, tenant, user, size))
+        assert [len(b) for b in views.sessions(T, "u", 3)] == [3, 1]
+
+    def test_sessions_count_personal_mentions_and_carry_the_gap(self, views: Any) -> None:
+        gap = UserConversationState(
+            read_conversation_seq=2, joined_seq=0, delivered_conversation_seq=1, skipping=True, mention_seqs=[3, 5]
+        )
+        with views.unit_of_work() as w:
+            w.put_head(T, "c", head("c", latest=6))
+            w.put_states(T, "c", [("u", gap)])
+        ((h, st),) = next(iter(views.sessions(T, "u", 10)))
+        assert st == SessionState(2, 1, True, None, 0, 2, 0)
+        item = session_item(h, st)
+        assert item["mention_count"] == 2 and item["unread_exact"] is False and item["delivered_conversation_seq"] == 1
 
     def test_reads_of_heads_by_scope_tenant_and_activity(self, views: Any) -> None:
         with views.unit_of_work() as w:

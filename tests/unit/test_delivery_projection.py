@@ -21,12 +21,7 @@ def log() -> ProjectionLog:
 
 
 def sessions(log: ProjectionLog, user: str) -> dict[str, dict[str, object]]:
-    states = log.views.user_states(T, user)
-    return {
-        h.conversation_id: session_item(h, states[h.conversation_id])
-        for b in log.views.heads(T, list(states), 50)
-        for h in b
-    }
+    return {h.conversation_id: session_item(h, st) for b in log.views.sessions(T, user, 50) for h, st in b}
 
 
 def test_a_message_in_always_reaches_every_member_at_send(log: ProjectionLog) -> None:
