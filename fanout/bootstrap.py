@@ -29,7 +29,7 @@ from fanout.queries import Queries
 from projections.capacity import CapacityProjection
 from projections.delivery import Delivered
 from projections.hosting import PROJECTIONS, Effect
-from projections.ports import MailboxStore
+from projections.ports import MailboxStore, ViewStore
 from streams.embedded import EmbeddedRunner
 
 log = logging.getLogger("fanout.runtime")
@@ -141,7 +141,7 @@ def bootstrap(
     data_dir: Path | str | None = None,
     *,
     clock: Callable[[], float] = time.time,
-    views: SqliteViews | None = None,
+    views: ViewStore | None = None,
     mailbox: MailboxStore | None = None,
     event_store_env: Mapping[str, str] | None = None,
     lock: bool = True,
@@ -166,7 +166,7 @@ def bootstrap(
     data_lock = DataDirLock(data_dir) if lock else None
     if data_lock is not None:
         data_lock.acquire()
-    built: SqliteViews | None = None
+    built: ViewStore | None = None
     try:
         if views is None:
             views = built = open_views(data_dir, params.mailbox_shards, mailbox=mailbox)
@@ -195,7 +195,7 @@ class EmbeddedRuntime:
         self,
         data_dir: Path,
         params: Parameters,
-        views: SqliteViews,
+        views: ViewStore,
         event_store_env: Mapping[str, str],
         *,
         clock: Callable[[], float] = time.time,
