@@ -4,9 +4,7 @@ domain errors and turned into HTTP in one place (`api/errors.py`)."""
 
 from __future__ import annotations
 
-import threading
 import time
-import weakref
 from typing import Any
 
 from aiohttp import web
@@ -15,207 +13,24 @@ from api import schemas
 from api.endpoint import ADMIN, SERVICE, USER, endpoint
 from api.errors import json_response
 from api.keys import METRICS, RUNTIME, blocking
-from api.metrics import CONTENT_TYPE, capacity_rates
-from domain.errors import InvalidArgument, NotAMember, NotFound, Unavailable
+from api.metrics import CONTENT_TYPE
+from api.reads import (
+    MIN_POSITION_HEADER,
+    POSITION_HEADER,
+    capacity,
+    delivery,
+    fresh_read,
+    history,
+    projections,
+    read_through,
+    rebuild,
+    review,
+    review_list,
+)
+from domain.errors import InvalidArgument
 from domain.params import SizeBucket
-from fanout.application import review_dict
-from fanout.runtime import Runtime
 from fanout.security import Claims
 from fanout.strict_json import INT64_MAX
-
-READ_THROUGH_TIMEOUT = 2.0
-REBUILD_TIMEOUT = 10.0
-# Read-your-writes: every write answers its log position in this header (and `position`
-# in its body); a read given min_position (query) or this header waits for the views.
-POSITION_HEADER = "X-Fanout-Position"
-MIN_POSITION_HEADER = "X-Fanout-Min-Position"
-
-_waiting: weakref.WeakKeyDictionary[Runtime, int] = weakref.WeakKeyDictionary()
-_waiting_lock = threading.Lock()
-
-
-# -- blocking helpers (run in the executor) ------------------------------------
-
-
-def projected(rt: Runtime, position: int | None = None, timeout: float = READ_THROUGH_TIMEOUT) -> bool:
-    """The one wait for the views: until the projector has applied `position` (default:
-    the whole log as written now), at most `timeout` s. True once it has; False at the
-    timeout, or at once when no projector runs (nothing would move the views)."""
-    target = rt.log_position() if position is None else position
-    if rt.position() >= target:
-        return True
-    if not rt.running:
-        return False
-    with _waiting_lock:
-        _waiting[rt] = _waiting.get(rt, 0) + 1
-    try:
-        return rt.wait_until(target, timeout)
-    finally:
-        with _waiting_lock:
-            _waiting[rt] -= 1
-
-
-def waiting_reads(rt: Runtime) -> int:
-    """Requests waiting in `projected` now (shown by /v1/admin/projections)."""
-    with _waiting_lock:
-        return _waiting.get(rt, 0)
-
-
-def fresh(rt: Runtime, min_position: int | None) -> None:
-    """A read that asked for min_position: wait (bounded by FANOUT_FRESH_READ_TIMEOUT)
-    until the views hold it; UNAVAILABLE (503, Retry-After) if they do not in time."""
-    if min_position is None:
-        return
-    log_position = rt.log_position()
-    if min_position > log_position:
-        raise InvalidArgument(
-            f"min_position {min_position} is beyond the log position {log_position}",
-            field="min_position",
-            log_position=log_position,
-        )
-    if not projected(rt, min_position, rt.params.fresh_read_timeout):
-        position = rt.position()
-        raise Unavailable(
-            f"the views are at log position {position}, not yet at min_position {min_position}; retry",
-            position=position,
-            min_position=min_position,
-            log_position=log_position,
-            projector_running=rt.running,
-            retry_after_ms=1000,
-        )
-
-
-def fresh_read(rt: Runtime, min_position: int | None, fn: Any, *args: Any) -> Any:
-    fresh(rt, min_position)
-    return fn(*args)
-
-
-def read_through(rt: Runtime, fn: Any, *args: Any) -> Any:
-    """Read a view; on a miss, wait for the projection to catch up once and read again,
-    so a caller reads its own writes (a conversation it just created, a join)."""
-    try:
-        return fn(*args)
-    except (NotFound, NotAMember):
-        # No "is it behind?" check first: the projector may commit between the miss and
-        # that check (a flaky read-your-write seen in CI). Waiting when caught up is free.
-        if not rt.running:
-            raise
-    projected(rt)
-    return fn(*args)
-
-
-def latest_seq(rt: Runtime, tenant: str, conversation_id: str) -> int:
-    """The command side's conversation_seq: the authority on which seqs exist."""
-    return int(rt.app.conversation(tenant, conversation_id).seq)
-
-
-def check_seq_exists(rt: Runtime, tenant: str, conversation_id: str, seq: int, field: str) -> None:
-    latest = latest_seq(rt, tenant, conversation_id)
-    if seq > latest:
-        raise InvalidArgument(
-            f"{field} {seq} is beyond the latest conversation_seq {latest}",
-            field=field,
-            latest_conversation_seq=latest,
-        )
-
-
-def history(rt: Runtime, tenant: str, conversation_id: str, user_id: str, after_seq: int, limit: int) -> Any:
-    read_through(rt, rt.queries.require_member, tenant, conversation_id, user_id)
-    check_seq_exists(rt, tenant, conversation_id, after_seq, "after_seq")
-    return rt.queries.history(tenant, conversation_id, user_id, after_seq, limit)
-
-
-def delivery(
-    rt: Runtime, tenant: str, conversation_id: str, seq: int, min_position: int | None = None
-) -> dict[str, Any]:
-    fresh(rt, min_position)
-    check_seq_exists(rt, tenant, conversation_id, seq, "seq")
-    try:
-        return rt.queries.delivery(tenant, conversation_id, seq)
-    except NotFound:
-        pass
-    # Accepted, not projected yet: state pending, what the command side knows (its
-    # MessageSent, read from the event store), materialized_at null until it is.
-    sent = rt.app.sent_message(tenant, conversation_id, seq)
-    if sent is None:  # the seq exists (checked above), so its event does
-        raise NotFound(f"message {seq} of {conversation_id} not found", conversation_seq=seq)
-    return rt.queries.pending_delivery(conversation_id, sent)
-
-
-def conversation_sessions(rt: Runtime, tenant: str, user_id: str, conversation_id: str) -> dict[str, Any]:
-    sessions, big = rt.queries.session_list(tenant, user_id)
-    return {
-        "sessions": [s for s in sessions if s["conversation_id"] == conversation_id],
-        "big_group_heads": [h for h in big if h["conversation_id"] == conversation_id],
-    }
-
-
-def rebuild(rt: Runtime, tenant: str, conversation_id: str, user_id: str) -> dict[str, Any]:
-    """REBUILD, then the conversation's fresh session item once it is projected."""
-    result = rt.app.request_rebuild(tenant, conversation_id, user_id)
-    projected(rt, result["position"], REBUILD_TIMEOUT)
-    return {**result, **conversation_sessions(rt, tenant, user_id, conversation_id)}
-
-
-def review(rt: Runtime, tenant: str, review_id: str) -> dict[str, Any]:
-    return review_dict(rt.app.review(tenant, review_id))  # app.review takes the command lock
-
-
-def review_list(rt: Runtime, tenant: str, min_position: int | None = None) -> list[dict[str, Any]]:
-    if min_position is None:
-        projected(rt)
-    else:
-        fresh(rt, min_position)
-    return rt.queries.reviews(tenant)
-
-
-def capacity(rt: Runtime, tenant: str) -> dict[str, Any]:
-    p = rt.params
-    rates = capacity_rates(rt)
-    firing = dict(rt.capacity().firing)
-    fanout_rate, large_rate = rates["fanout_entries_per_sec"], rates["large_group_entries_per_sec"]
-    alpha = rt.queries.alpha_by_bucket(tenant)
-    return {
-        # Entries/s and budgets are platform-wide (T1/T2 watch the platform); alpha is this tenant's.
-        "window_s": p.capacity_window,
-        "fanout_entries_per_sec": fanout_rate,
-        "large_group_entries_per_sec": large_rate,
-        "platform_fanout_budget": p.platform_fanout_budget,
-        "mailbox_write_budget": p.mailbox_write_budget,
-        "budget_use": {
-            "platform_fanout": fanout_rate / p.platform_fanout_budget,
-            "mailbox_write_large_groups": large_rate / p.mailbox_write_budget,
-        },
-        "triggers": {
-            "T1": {"firing": bool(firing.get("T1", False)), "threshold_ratio": p.t1_ratio},
-            "T2": {"firing": bool(firing.get("T2", False)), "threshold_ratio": p.t2_ratio},
-        },
-        "alpha_by_bucket": {
-            b: {k: v for k, v in summary.items() if k != "per_conversation"} for b, summary in alpha.items()
-        },
-    }
-
-
-def projections(rt: Runtime) -> dict[str, Any]:
-    log_position = rt.log_position()
-    positions = rt.projections_status()
-    return {
-        "log_position": log_position,
-        "running": rt.running,
-        "waiting_reads": waiting_reads(rt),
-        "projections": [
-            {
-                "name": name,
-                "partition": partition,
-                "position": position,
-                "log_position": log_position,
-                "lag": max(0, log_position - position),
-                "running": rt.running,
-                "last_error": rt.last_error,
-            }
-            for (name, partition), position in sorted(positions.items())
-        ],
-    }
 
 
 def seq_param(request: web.Request, name: str = "seq") -> int:

@@ -21,7 +21,7 @@ from api import schemas
 from api.endpoint import USER, Spec, authorize, parse_json, validation_details
 from api.errors import error_response
 from api.keys import MAX_BODY_BYTES, MAX_CONNECTIONS, METRICS, RUNTIME, SECRET, SOCKETS, blocking
-from api.views import REBUILD_TIMEOUT, conversation_sessions, history, projected
+from api.reads import REBUILD_TIMEOUT, conversation_sessions, history, projected
 from domain.errors import FanoutError, InvalidArgument, RateLimited, Unavailable
 from fanout import strict_json
 from fanout.overload import Throttled, storage_unavailable
