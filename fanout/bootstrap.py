@@ -232,11 +232,14 @@ class EmbeddedRuntime:
     # -- wiring: what the command side reads from the views -----------------------------
 
     def _message_sender(self, tenant: str, conversation_id: str, seq: int) -> str | None:
+        """Who sent the message a reply points at: from the views, or, when they have not
+        applied it yet (a projector behind the log), from its MessageSent event in the
+        store, so the replied-to member is materialized and counted whatever the lag."""
         m = self.views.message(tenant, conversation_id, seq)
-        if m is None and self.runner.running:
-            self.runner.wait_until(self.runner.log_position(), timeout=10)
-            m = self.views.message(tenant, conversation_id, seq)
-        return m["sender"] if m else None
+        if m is not None:
+            return str(m["sender"])
+        sent = self.app.sent_message(tenant, conversation_id, seq)
+        return sent.sender if sent is not None else None
 
     def _conversations_in_scope(self, tenant: str, size_bucket: str) -> list[str]:
         if self.runner.running:

@@ -334,3 +334,17 @@ def test_a_log_written_when_review_lived_in_domain_tier_still_projects_and_verif
     h.settle()
     (review,) = h.rt.views.reviews(T)
     assert review["status"] == "decided" and review["decision"] == "enable_mention_only"
+
+
+def test_a_reply_to_a_message_the_views_have_not_applied_yet_still_counts_for_its_sender(h, clock):
+    """M with a projector behind the log: the replied-to sender is found in the event
+    store when the views do not hold the message yet."""
+    h.app.create_conversation(T, "c", "", ["a", "b"])
+    h.settle()
+    clock.advance(3.0)
+    first = h.app.send_message(T, "c", sender="a", text="question")
+    clock.advance(3.0)
+    h.app.send_message(T, "c", sender="b", text="answer", reply_to_seq=first["conversation_seq"])
+    h.settle()  # both in one batch: the reply was resolved before the views had message 1
+    assert session(h, "a")["mention_count"] == 1
+    assert mailbox_seqs(h, "a") == [1, 2]
