@@ -249,8 +249,9 @@ class FanoutApplication(Application[UUID]):
         client_msg_id: str | None = None,
     ) -> dict[str, Any]:
         reply_to_user = None
-        if reply_to_seq is not None:
-            # Resolved on the query side once, then carried by the event (deterministic replays).
+        if isinstance(reply_to_seq, int) and not isinstance(reply_to_seq, bool) and reply_to_seq >= 1:
+            # Resolved once, then carried by the event (deterministic replays). Anything else
+            # is left to Conversation.send, which refuses it with INVALID_ARGUMENT.
             reply_to_user = self.message_sender(tenant, conversation_id, reply_to_seq)
         with self._unit() as touched:
             conv = self._conversation(tenant, conversation_id)
