@@ -21,8 +21,9 @@ from api.keys import EXECUTOR, MAX_BODY_BYTES, MAX_CONNECTIONS, METRICS, RUNTIME
 from api.metrics import Metrics
 from api.routes import setup_routes
 from api.ws import close_sockets
-from fanout.overload import Throttled, fd_soft_limit, raise_fd_limit
+from fanout.overload import fd_soft_limit, raise_fd_limit
 from fanout.runtime import Runtime
+from projections.failures import Throttled
 
 log = logging.getLogger("fanout.api")
 throttled = Throttled(log)

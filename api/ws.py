@@ -24,9 +24,10 @@ from api.keys import MAX_BODY_BYTES, MAX_CONNECTIONS, METRICS, RUNTIME, SECRET, 
 from api.reads import REBUILD_TIMEOUT, conversation_sessions, history, projected
 from domain.errors import FanoutError, InvalidArgument, RateLimited, Unavailable
 from fanout import strict_json
-from fanout.overload import Throttled, storage_unavailable
+from fanout.overload import storage_unavailable
 from fanout.push import Connection
 from fanout.security import Claims, Unauthenticated, verify_token
+from projections.failures import Throttled
 
 log = logging.getLogger("fanout.api.ws")
 throttled = Throttled(log)

@@ -395,7 +395,7 @@ class FanoutApplication(Application[UUID]):
         except (ValueError, TypeError, AttributeError):
             raise NotFound(f"review {review_id} not found", review_id=review_id) from None
         review = self._find(Review, rid, tenant, f"review {review_id}", review_id=review_id)
-        if review is None or review.tenant != tenant:
+        if review is None:
             raise NotFound(f"review {review_id} not found", review_id=review_id)
         return review
 

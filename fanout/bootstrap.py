@@ -294,7 +294,7 @@ class EmbeddedRuntime:
 
     def catch_up(self) -> None:
         if self.runner.running:
-            self.runner.wait_until(self.runner.log_position(), timeout=60.0)
+            self.wait_projected(timeout=60.0)
         else:
             self.runner.catch_up()
 

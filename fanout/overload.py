@@ -8,7 +8,7 @@
   the runner keeps its committed position in memory; no query per send.
 * `raise_fd_limit()` lifts RLIMIT_NOFILE's soft limit to the hard one at `serve` start.
 * `Throttled` and `storage_failure` live in projections/failures.py (the projection
-  hosts use them too) and are re-exported here."""
+  hosts use them too)."""
 
 from __future__ import annotations
 
@@ -22,9 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from domain.errors import Unavailable
-from projections.failures import Throttled as Throttled
-from projections.failures import exception_chain, first_line
-from projections.failures import storage_failure as storage_failure
+from projections.failures import exception_chain, first_line, storage_failure
 
 log = logging.getLogger("fanout.overload")
 

@@ -54,7 +54,6 @@ class EmbeddedRunner:
         self.last_error: str | None = None
         self.failure_reason: str | None = None  # storage_full, storage_error, projector_failed
         self.failures = 0  # consecutive failed attempts
-        self._recover = False
         self._reopen_mailbox = False
         self._throttled = Throttled(log)
         # The position the views have committed, kept in memory for backpressure (O(1) reads).
@@ -84,12 +83,9 @@ class EmbeddedRunner:
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
-                if self._recover:
-                    if self._reopen_mailbox:  # RocksDB stays read-only after a failed write until reopened
-                        self.views.reopen_mailbox()
-                        self._reopen_mailbox = False
-                    self.reset()
-                    self._recover = False
+                if self._reopen_mailbox:  # RocksDB stays read-only after a failed write until reopened
+                    self.views.reopen_mailbox()
+                    self._reopen_mailbox = False
                 n = self.run_once()
             except Exception as exc:  # keep following; the error is shown by /readyz and refuses writes
                 self._failed(exc)
@@ -114,7 +110,7 @@ class EmbeddedRunner:
             log.exception("projection failed (%s); retrying from the tracked position", self.failure_reason)
         else:
             self._throttled("failing", logging.ERROR, "projection still failing: %s", self.last_error)
-        self._recover = True  # the next attempt starts from the committed views
+        # The next attempt starts from the committed views (_commit reloaded the working sets).
         if reason is not None:
             self._reopen_mailbox = True
 
