@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from domain.params import Parameters, Rate
+from fanout import urls
 
 
 class ConfigError(ValueError):
@@ -157,16 +158,7 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | None 
     event_store = values.get("FANOUT_EVENT_STORE", "sqlite")
     log = values.get("FANOUT_LOG", "embedded")
     views = values.get("FANOUT_VIEWS", "sqlite")
-    for key, value, ok in (
-        ("FANOUT_EVENT_STORE", event_store, ("sqlite",)),
-        ("FANOUT_LOG", log, ("embedded",)),
-        ("FANOUT_VIEWS", views, ("sqlite",)),
-    ):
-        if value not in ok:
-            raise ConfigError(
-                f"{key}={value!r}: this build runs the embedded runtime only "
-                f"(use {ok[0]!r}); the distributed runtime (postgresql://, kafka://, cassandra://) is not built yet"
-            )
+    check_engines(event_store, log, views)
     unknown = sorted(
         k
         for k in values
@@ -179,6 +171,37 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | None 
     if unknown:
         raise ConfigError(f"unknown setting {unknown[0]}; known: {', '.join('FANOUT_' + n for n in _PARAMS)}")
     return Settings(params, data_dir, event_store, log, views, values.get("FANOUT_SECRET"))
+
+
+EMBEDDED = ("sqlite", "embedded", "sqlite")
+
+
+def check_engines(event_store: str, log: str, views: str) -> None:
+    """The embedded runtime (sqlite, embedded, sqlite) or the distributed one (postgresql://,
+    kafka://, cassandra://): all three of one, each URL well formed."""
+    if (event_store, log, views) == EMBEDDED:
+        return
+    distributed = (
+        ("FANOUT_EVENT_STORE", event_store, "postgresql://", urls.postgres_env),
+        ("FANOUT_LOG", log, "kafka://", urls.kafka_settings),
+        ("FANOUT_VIEWS", views, "cassandra://", urls.cassandra_settings),
+    )
+    for (key, value, scheme, parse), embedded in zip(distributed, EMBEDDED, strict=True):
+        if value == embedded or not value.startswith(scheme.rstrip("/").replace("postgresql:", "postgres")):
+            raise ConfigError(
+                f"{key}={value!r}: the embedded runtime takes sqlite/embedded/sqlite, the distributed one "
+                f"postgresql://, kafka:// and cassandra:// URLs for all three (SPEC section 8); this mixes them"
+                if value == embedded
+                else f"{key}={value!r}: expected {embedded!r} or a {scheme} URL"
+            )
+        try:
+            parse(value)
+        except urls.UrlError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+def is_distributed(settings: Settings) -> bool:
+    return (settings.event_store, settings.log, settings.views) != EMBEDDED
 
 
 def parameter_names() -> list[str]:

@@ -25,6 +25,48 @@ class ReviewTrigger:
     review_key: str
 
 
+def state_name(partition: int) -> str:
+    """The capacity state of one log partition: `capacity` for partition 0 (the embedded
+    runtime's only one), `capacity.p<N>` for the others."""
+    return CapacityProjection.name if partition == 0 else f"{CapacityProjection.name}.p{partition}"
+
+
+def merged(params: Parameters, states: list[dict[str, Any]]) -> CapacityProjection:
+    """One read-only window over the saved states of several partitions (their slots summed
+    per second), for /metrics and `analyze capacity` on the distributed runtime."""
+    slots: dict[int, dict[str, int]] = {}
+    applied: dict[str, int] = {}
+    firing: dict[str, bool] = {}
+    firsts, lasts = [], []
+    entries = messages = 0
+    for st in states:
+        for sec, per in st.get("slots", []):
+            into = slots.setdefault(int(sec), {})
+            for k, n in per.items():
+                into[k] = into.get(k, 0) + int(n)
+        applied.update(st.get("applied", {}))
+        for k, v in st.get("firing", {}).items():
+            firing[k] = firing.get(k, False) or bool(v)
+        if st.get("first_at") is not None:
+            firsts.append(st["first_at"])
+        if st.get("last_at") is not None:
+            lasts.append(st["last_at"])
+        entries += int(st.get("entries_total", 0))
+        messages += int(st.get("messages_total", 0))
+    last = max(lasts) if lasts else None
+    window = params.capacity_window
+    body = {
+        "applied": applied,
+        "slots": [[sec, per] for sec, per in sorted(slots.items()) if last is None or sec > last - window - 1],
+        "first_at": min(firsts) if firsts else None,
+        "last_at": last,
+        "firing": firing,
+        "entries_total": entries,
+        "messages_total": messages,
+    }
+    return CapacityProjection(params, state=body)
+
+
 class CapacityProjection:
     """Fan-out entries per second over an event-time window, kept as one slot per
     second (entries per tenant x size bucket) with running sums, so each message
@@ -33,14 +75,24 @@ class CapacityProjection:
     name = "capacity"
     topics = (Conversation.Created, Conversation.MessageSent)
 
-    def __init__(self, params: Parameters, store: ViewStore | None = None, state: dict[str, Any] | None = None) -> None:
-        """Hosted: give the store (the state is loaded from it). Read-only (analyze): the state."""
+    def __init__(
+        self,
+        params: Parameters,
+        store: ViewStore | None = None,
+        state: dict[str, Any] | None = None,
+        *,
+        partition: int = 0,
+    ) -> None:
+        """Hosted: give the store (the state is loaded from it). Read-only (analyze): the state.
+        A host of several log partitions runs one per partition: each saves its window under
+        its own name (`state_name`), and readers merge them (`merged`)."""
         self.store = store
+        self.state_name = state_name(partition)
         self.params = params
         self.tenants: dict[Any, str] = {}  # conversation aggregate id -> tenant
         self.changed = False
         if state is None and store is not None:
-            state = store.capacity_state(self.name)
+            state = store.capacity_state(self.state_name)
         state = state or {}
         # The last position applied per partition: a replayed MessageSent is not counted twice.
         self.applied: dict[int, int] = {int(k): int(v) for k, v in state.get("applied", {}).items()}
@@ -92,7 +144,7 @@ class CapacityProjection:
     def flush(self, w: ViewWriter) -> None:
         """Once per unit of work: the window's state, with the positions it covers."""
         if self.changed:
-            w.put_capacity(self.name, self.state())
+            w.put_capacity(self.state_name, self.state())
             self.changed = False
 
     def state(self) -> dict[str, Any]:

@@ -48,10 +48,15 @@ class Projection(Protocol):
 PROJECTIONS: tuple[str, ...] = (DeliveryProjection.name, CapacityProjection.name, AdminProjection.name)
 
 
-def build_projections(store: ViewStore, params: Parameters) -> tuple[Projection, ...]:
+def build_projections(store: ViewStore, params: Parameters, *, partition: int = 0) -> tuple[Projection, ...]:
     """The projections every host runs, in this order, with their working sets empty
-    (they load what they need from the committed views)."""
-    return (DeliveryProjection(store, params), CapacityProjection(params, store), AdminProjection(store))
+    (they load what they need from the committed views). A host of several log partitions
+    builds one set per partition (the capacity window is saved per partition)."""
+    return (
+        DeliveryProjection(store, params),
+        CapacityProjection(params, store, partition=partition),
+        AdminProjection(store),
+    )
 
 
 def topics(projections: tuple[Projection, ...]) -> tuple[type, ...]:
