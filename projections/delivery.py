@@ -10,7 +10,7 @@ mailbox store as they are, and the only O(N) write is the mailbox reference."""
 from __future__ import annotations
 
 import itertools
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass, field
 from functools import singledispatchmethod
 from typing import Any
@@ -125,6 +125,14 @@ class Delivered:
             return False
         i = bisect_left(lst, user_id)
         return i < len(lst) and lst[i] == user_id
+
+
+def _add_once(seqs: list[int], seq: int) -> None:
+    """Insert seq into a sorted list unless present: folding an event twice (a replay
+    over views that already hold it) leaves the list as folding it once."""
+    i = bisect_left(seqs, seq)
+    if i == len(seqs) or seqs[i] != seq:
+        insort(seqs, seq, lo=i)
 
 
 class DeliveryProjection:
@@ -308,7 +316,9 @@ class DeliveryProjection:
         }
         w.put_message(tenant, cid, message)
         if broadcast:
-            m.broadcast_seqs.append(seq)
+            # A replay after a partial commit (the message landed, the head did not) loaded
+            # this broadcast from the messages already: count it once.
+            _add_once(m.broadcast_seqs, seq)
             m.head["broadcasts"] = len(m.broadcast_seqs)
         m.head.update(
             latest_conversation_seq=seq,
@@ -356,7 +366,9 @@ class DeliveryProjection:
         for u in personal:
             s = m.members.get(u)
             if s is not None:
-                s.mention_seqs.append(seq)
+                # Idempotent: a replayed state may hold this mention already (or have read past it).
+                if seq > s.read_conversation_seq:
+                    _add_once(s.mention_seqs, seq)
                 changed[u] = s
         if changed:
             w.put_states(tenant, cid, list(changed.items()))
