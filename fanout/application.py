@@ -1,11 +1,20 @@
 """The command side: an eventsourcing Application. Thin: load, call the domain, save.
 
-Commands are serialized by one lock (one writer per event store); aggregates stay
-in the repository cache without deep copies, and any failure evicts what it touched,
-so a half-applied command can never leak into the next one."""
+Commands are serialized by one lock per process; aggregates stay in the repository
+cache without deep copies, and any failure evicts what it touched, so a half-applied
+command can never leak into the next one.
+
+One writer per event store (the embedded runtime) trusts its cache. Several writers on
+one store (`shared_store=True`: API replicas on PostgreSQL) fast-forward a cached
+aggregate from the store on every load, remember no absent tier, and retry a command
+whose save lost an optimistic-concurrency race (another replica appended to the same
+stream first): the command runs again on the fresh aggregate, so the admission gates
+it checks stay exact across replicas."""
 
 from __future__ import annotations
 
+import functools
+import random
 import threading
 import time
 import uuid
@@ -16,11 +25,11 @@ from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.domain import Aggregate
-from eventsourcing.persistence import Recording
+from eventsourcing.persistence import RecordConflictError, Recording
 from eventsourcing.utils import get_topic
 
 from domain.conversation import Conversation, check_id
-from domain.errors import AlreadyExists, FanoutError, InvalidArgument, NotFound
+from domain.errors import AlreadyExists, FanoutError, InvalidArgument, NotFound, Unavailable
 from domain.identity import check_tenant
 from domain.params import Parameters, SizeBucket, WritePolicy
 from domain.policy import DISABLED, TierTerms
@@ -31,6 +40,31 @@ from fanout.gate import UserCommandGate
 from fanout.overload import storage_unavailable
 
 A = TypeVar("A", bound=Aggregate)
+F = TypeVar("F", bound=Callable[..., Any])
+
+CONFLICT_RETRIES = 10  # a command that lost this many races in a row is refused (503)
+
+
+def retried(method: F) -> F:
+    """Run a command again when its save lost an optimistic-concurrency race. `_unit`
+    has evicted what the attempt touched, so the next attempt loads the aggregates as
+    the winner left them and decides again (a gate that now refuses, refuses)."""
+
+    @functools.wraps(method)
+    def run(self: FanoutApplication, *args: Any, **kwargs: Any) -> Any:
+        for attempt in range(CONFLICT_RETRIES):
+            try:
+                return method(self, *args, **kwargs)
+            except RecordConflictError:
+                self.conflicts += 1
+                time.sleep(random.uniform(0, 0.002 * (attempt + 1)))  # noqa: S311 (jitter, not crypto)
+        raise Unavailable(
+            f"not written: {CONFLICT_RETRIES} concurrent writers won the race for the same conversation; retry",
+            reason="write_conflict",
+            retry_after_ms=100,
+        )
+
+    return run  # type: ignore[return-value]
 
 SENT_SCAN_PAGE = 50
 _MESSAGE_SENT_TOPIC = get_topic(Conversation.MessageSent)
@@ -63,8 +97,13 @@ class FanoutApplication(Application[UUID]):
         message_sender: Callable[[str, str, int], str | None] | None = None,
         conversations_in_scope: Callable[[str, str], list[str]] | None = None,
         read_state: Callable[[str, str, str], tuple[int, int] | None] | None = None,
+        shared_store: bool = False,
     ) -> None:
+        self.shared_store = shared_store
+        if shared_store:  # other writers append to the same streams: never trust the cache blindly
+            env = {**(env or {}), "AGGREGATE_CACHE_FASTFORWARD": "y"}
         super().__init__(env)
+        self.conflicts = 0  # saves that lost a race and were retried
         self.params = params
         self.clock = clock
         self.message_sender = message_sender or (lambda tenant, cid, seq: None)
@@ -164,7 +203,7 @@ class FanoutApplication(Application[UUID]):
         )
         if tier is not None and tier.size_bucket != size_bucket:
             raise NotFound(f"tier {size_bucket} not found", size_bucket=size_bucket)
-        if tier is None:
+        if tier is None and not self.shared_store:  # another replica may create it
             self._no_tier.add((tenant, size_bucket))
         return tier
 
@@ -189,6 +228,7 @@ class FanoutApplication(Application[UUID]):
 
     # -- conversations -----------------------------------------------------
 
+    @retried
     def create_conversation(
         self, tenant: str, conversation_id: str | None, title: str, members: Sequence[str]
     ) -> dict[str, Any]:
@@ -213,6 +253,7 @@ class FanoutApplication(Application[UUID]):
                 f"user_ids must be a list of at most {self.params.max_bulk_members} ids", field="user_ids"
             )
 
+    @retried
     def add_members(self, tenant: str, conversation_id: str, user_ids: Sequence[str]) -> dict[str, Any]:
         self._check_bulk(user_ids)
         with self._unit() as touched:
@@ -225,6 +266,7 @@ class FanoutApplication(Application[UUID]):
             result = {"added": len(added), "member_count": len(conv.members)}
         return self._positioned(result, touched)
 
+    @retried
     def remove_member(self, tenant: str, conversation_id: str, user_id: str) -> dict[str, Any]:
         with self._unit() as touched:
             conv = self._conversation(tenant, conversation_id)
@@ -235,6 +277,7 @@ class FanoutApplication(Application[UUID]):
             result = {"member_count": len(conv.members)}
         return self._positioned(result, touched)
 
+    @retried
     def send_message(
         self,
         tenant: str,
@@ -284,6 +327,7 @@ class FanoutApplication(Application[UUID]):
 
     # -- user commands (gated per user, ADR-0009) ------------------------------
 
+    @retried
     def mark_read(self, tenant: str, conversation_id: str, user_id: str, read_seq: int) -> dict[str, Any]:
         """MARK_READ. One that changes nothing (read seq not ahead of the views' and
         activity recorded recently) writes no event, is not charged to the user's gate,
@@ -303,6 +347,7 @@ class FanoutApplication(Application[UUID]):
             result = {"conversation_id": conversation_id, "read_seq": read_seq, "coalesced": False}
         return self._positioned(result, touched)
 
+    @retried
     def request_rebuild(self, tenant: str, conversation_id: str, user_id: str) -> dict[str, Any]:
         with self._unit() as touched:
             conv = self._conversation(tenant, conversation_id)
@@ -318,6 +363,7 @@ class FanoutApplication(Application[UUID]):
         """An alpha update: re-run the state machine with the current clock."""
         return self._evaluate_conversation(tenant, conversation_id)[0]
 
+    @retried
     def _evaluate_conversation(self, tenant: str, conversation_id: str) -> tuple[str, int | None]:
         with self._unit() as touched:
             conv = self._conversation(tenant, conversation_id)
@@ -357,6 +403,7 @@ class FanoutApplication(Application[UUID]):
 
     # -- reviews and tiers -------------------------------------------------
 
+    @retried
     def open_review(
         self,
         tenant: str,
@@ -399,6 +446,7 @@ class FanoutApplication(Application[UUID]):
             raise NotFound(f"review {review_id} not found", review_id=review_id)
         return review
 
+    @retried
     def decide_review(
         self,
         tenant: str,
@@ -437,6 +485,7 @@ class FanoutApplication(Application[UUID]):
         result["position"] = position if position is not None else self.log_position()
         return result
 
+    @retried
     def roll_back_tier(self, tenant: str, size_bucket: str, by: str, reason: str) -> dict[str, Any]:
         """The safety valve: every conversation of the scope returns to always at once."""
         _bucket(size_bucket)
