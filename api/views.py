@@ -79,19 +79,25 @@ async def healthz(request: web.Request, who: None, data: None) -> web.Response:
     return reply({"status": "ok"})
 
 
-@endpoint("Projectors running and the event store reachable; 503 otherwise", roles=None)
+@endpoint(
+    "Projectors running and every engine reachable (embedded: the event store; distributed: PostgreSQL, "
+    "Kafka through the relay's position, Cassandra, and at least one worker alive); 503 otherwise",
+    roles=None,
+)
 async def readyz(request: web.Request, who: None, data: None) -> web.Response:
     rt = request.app[RUNTIME]
 
     def check() -> dict[str, Any]:
         log_position = rt.log_position()  # touches the event store
-        return {"running": rt.running, "last_error": rt.last_error, "log_position": log_position}
+        return {"running": rt.running, "last_error": rt.last_error, "log_position": log_position, **rt.check()}
 
     try:
         state = await blocking(request.app, check)
     except Exception as exc:  # an unreachable engine is "not ready", not an error of this request
         state = {"running": rt.running, "last_error": f"{type(exc).__name__}: {exc}"}
-    ready = bool(state["running"]) and state["last_error"] is None
+    ready = bool(state["running"]) and state["last_error"] is None and not state.get("errors")
+    if "workers" in state and not state["workers"]:
+        ready = False  # no projection worker: writes would be accepted and never materialized
     return reply({"status": "ready" if ready else "not_ready", **state}, status=200 if ready else 503)
 
 

@@ -308,6 +308,9 @@ class EmbeddedRuntime:
     def capacity(self) -> CapacityProjection:
         return next(p for p in self.runner.projections if isinstance(p, CapacityProjection))
 
+    def check(self) -> dict[str, Any]:
+        return {}
+
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> Self:

@@ -8,7 +8,7 @@ Faust, Cassandra) will implement the same protocol. Positions are event-log posi
 
 from __future__ import annotations
 
-from typing import Protocol, Self
+from typing import Any, Protocol, Self
 
 from domain.params import Parameters
 from fanout.application import FanoutApplication
@@ -58,6 +58,11 @@ class Runtime(Protocol):
 
     def capacity(self) -> CapacityProjection:
         """The live capacity window (T1/T2): rates() and firing."""
+
+    def check(self) -> dict[str, Any]:
+        """What /readyz reports beyond the projectors: each engine the runtime depends on
+        (the distributed runtime: event store, relay position, workers alive, views
+        position) with an `errors` map for the unreachable ones; {} in the embedded one."""
 
     # -- lifecycle ------------------------------------------------------------------
 
