@@ -1,0 +1,626 @@
+"""The relay: follows the PostgreSQL event store's notification log and publishes every
+event to one Kafka topic, exactly once as a read_committed consumer sees it, even when
+killed with SIGKILL at any point (docs/adr/0013-relay-and-watermarks.md).
+
+How:
+
+* the log is followed with the recorder's LISTEN/NOTIFY subscription (`subscribe(gt=...)`,
+  eventsourcing 9.5.6 `PostgresSubscription`), with its start window closed (`_Subscription`);
+* notifications are relayed in batches (up to `batch`, or what arrived within `linger`
+  seconds), one Kafka transaction per batch, by a transactional producer whose
+  transactional.id is fixed per topic (`fanout-relay.<topic>`);
+* every record carries its log position (streams/records.py), and each transaction ends
+  with a Watermark(last position) record on EVERY partition; the position the relay has
+  reached is therefore committed atomically with the records themselves: there is no
+  offset store to disagree with the topic;
+* on start, `init_transactions()` fences any previous instance and aborts its open
+  transaction; then the relayed position is read back from the topic with a
+  read_committed consumer (`relayed_position`) and the subscription starts after it.
+
+A kill at any moment leaves either a committed transaction (its records and its position
+are in the topic: the next instance starts after them) or an aborted one (invisible to
+read_committed consumers, and its position is not in the topic: the next instance sends
+those events again). Nothing is lost, nothing is duplicated.
+
+This module imports domain/ (the routing rule needs Review and Tier) and streams/ only; the
+caller builds the application (fanout.application.FanoutApplication) on the PostgreSQL
+recorder and hands it in."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+from eventsourcing.application import Application
+from eventsourcing.persistence import Notification
+from eventsourcing.postgres import PostgresApplicationRecorder, PostgresSubscription
+from eventsourcing.utils import resolve_topic
+from psycopg.sql import SQL, Identifier
+
+from domain.review import Review
+from domain.tier import Tier
+from streams.records import EventRecord, Watermark, position_of
+
+log = logging.getLogger("fanout.relay")
+
+# An event's state may be large (a bulk join of 100k members is about 1.5 MB of JSON): the
+# topic the relay creates and its producer accept records up to this size.
+MAX_RECORD_BYTES = 32 * 1024 * 1024
+# How many records back from the end of each partition the position search starts; it
+# widens (x8) while a partition shows no committed fanout record in the window (aborted
+# transactions of killed instances leave up to `batch` + 1 records each behind).
+POSITION_WINDOW = 2048
+_FENCED_CODES = frozenset(
+    {
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError.TRANSACTION_COORDINATOR_FENCED,
+    }
+)
+_END = object()
+Headers = list[tuple[str, str | bytes | None]]  # what Producer.produce takes
+
+
+class RelayError(RuntimeError):
+    """The relay cannot go on (an engine unreachable, a record Kafka refuses...)."""
+
+
+class RelayFenced(RelayError):
+    """Another relay instance with the same transactional id started: this one must stop."""
+
+
+def transactional_id_for(topic: str) -> str:
+    return f"fanout-relay.{topic}"
+
+
+# -- routing keys -------------------------------------------------------------------------
+
+
+class RoutingKeys:
+    """The key of each event's record: it decides the partition, and Kafka keeps the order
+    of one key's records.
+
+    * Conversation events: str(originator_id), the conversation's aggregate id;
+    * Tier events: str(originator_id), i.e. str(Tier.create_id(tenant, size_bucket));
+    * Review events: the key of THEIR TIER, str(Tier.create_id(tenant, size_bucket)), so a
+      review's decision and the tier change it causes are in one partition, in log order.
+      Review.Opened carries tenant and size_bucket; Review.Decided does not, so its tier
+      comes from a cache filled from the Opened events relayed by this process, or, after
+      a restart (the cache is empty then), from the review's first version in the store
+      (`app.repository.get(review_id, version=1)`);
+    * any other aggregate (TenantQuota, ...): str(originator_id).
+
+    The event class is resolved from the stored topic with eventsourcing's resolve_topic,
+    the first step of `app.mapper.to_domain_event` (so the legacy "domain.tier:Review.*"
+    topics resolve to Review's classes too); only Review.Opened is decoded in full
+    (with `app.mapper.to_domain_event`), to read its tenant and size bucket."""
+
+    def __init__(self, app: Application[Any], cache_size: int = 100_000) -> None:
+        self.app = app
+        self.cache_size = cache_size
+        self._review_tier: OrderedDict[UUID, str] = OrderedDict()
+        self.lookups = 0  # reviews whose tier came from the store
+
+    def key(self, note: Notification) -> str:
+        originator = _uuid(note.originator_id)
+        try:
+            cls: Any = resolve_topic(note.topic)
+        except Exception:  # a topic this code does not know: keep the aggregate's order at least
+            return str(originator)
+        if isinstance(cls, type) and issubclass(cls, Review.Opened):
+            opened: Any = self.app.mapper.to_domain_event(note)
+            return self._remember(originator, opened.tenant, opened.size_bucket)
+        if isinstance(cls, type) and issubclass(cls, Review.Event):
+            found = self._review_tier.get(originator)
+            if found is not None:
+                self._review_tier.move_to_end(originator)
+                return found
+            self.lookups += 1
+            review: Any = self.app.repository.get(originator, version=1)
+            return self._remember(originator, review.tenant, review.size_bucket)
+        return str(originator)
+
+    def _remember(self, review_id: UUID, tenant: str, size_bucket: str) -> str:
+        key = str(Tier.create_id(tenant, size_bucket))
+        self._review_tier[review_id] = key
+        self._review_tier.move_to_end(review_id)
+        while len(self._review_tier) > self.cache_size:
+            self._review_tier.popitem(last=False)
+        return key
+
+
+def _uuid(value: UUID | str) -> UUID:
+    return value if isinstance(value, UUID) else UUID(str(value))
+
+
+# -- the subscription -----------------------------------------------------------------------
+
+
+class _Subscription(PostgresSubscription):
+    """eventsourcing's PostgresSubscription with its start window closed.
+
+    PostgresSubscription starts two threads at once: the pull thread selects the
+    notifications after `gt` at once, while the listen thread connects and runs LISTEN.
+    A commit between that first select and the LISTEN sends its NOTIFY to nobody, so the
+    pull thread sleeps until the NEXT commit wakes it: on a quiet log those events would
+    not be relayed (tests/distributed/test_relay.py shows it with the plain class).
+    Here the listen thread wakes the pull thread once more right after LISTEN has run
+    (the connection is in autocommit: LISTEN is in effect when execute returns). Any
+    commit before that is seen by the select this wake-up causes; any commit after it
+    NOTIFYs this listener."""
+
+    def __init__(self, recorder: PostgresApplicationRecorder, gt: int | None = None) -> None:
+        self.listening = threading.Event()
+        super().__init__(recorder=recorder, gt=gt)
+
+    def _listen(self) -> None:  # eventsourcing 9.5.6's body, plus the wake-up after LISTEN
+        try:
+            with self._recorder.datastore.get_connection() as conn:
+                conn.execute(SQL("LISTEN {0}").format(Identifier(self._recorder.channel_name)))
+                self.listening.set()
+                self._has_been_notified.set()
+                while not self._has_been_stopped and not self._thread_error:
+                    for _ in conn.notifies(timeout=0.1, stop_after=1):
+                        self._has_been_notified.set()
+        except BaseException as e:
+            if self._thread_error is None:
+                self._thread_error = e
+            self.stop()
+
+
+# -- Kafka helpers ----------------------------------------------------------------------------
+
+
+def _kafka_error(exc: BaseException) -> KafkaError | None:
+    arg = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return arg if isinstance(arg, KafkaError) else None
+
+
+def _is_fenced(err: KafkaError | None) -> bool:
+    return err is not None and (err.code() in _FENCED_CODES or "fenced" in str(err).lower())
+
+
+def ensure_topic(bootstrap: str, topic: str, partitions: int, replication: int, timeout: float = 15.0) -> int:
+    """Create the topic if missing (idempotent: a racing creator is harmless) and return its
+    partition count as the cluster reports it (an existing topic keeps its own count)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": int(timeout * 1000)})
+    new = NewTopic(
+        topic,
+        num_partitions=partitions,
+        replication_factor=replication,
+        config={"max.message.bytes": str(MAX_RECORD_BYTES)},
+    )
+    futures = admin.create_topics([new], operation_timeout=timeout, request_timeout=timeout)
+    try:
+        futures[topic].result(timeout + 5)  # `admin` stays referenced until the future resolves
+    except KafkaException as exc:
+        err = _kafka_error(exc)
+        if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise RelayError(f"cannot create the Kafka topic {topic!r} at {bootstrap}: {err or exc}") from None
+    except Exception as exc:  # concurrent.futures.TimeoutError and the like
+        raise RelayError(f"Kafka at {bootstrap} did not answer within {timeout:.0f}s: {exc!r}") from None
+    deadline = time.monotonic() + timeout
+    while True:  # metadata may lag the creation by a moment
+        try:
+            md = admin.list_topics(topic, timeout=5)
+        except KafkaException as exc:
+            raise RelayError(f"Kafka at {bootstrap} did not answer: {exc}") from None
+        t = md.topics.get(topic)
+        if t is not None and t.error is None and t.partitions:
+            found = len(t.partitions)
+            if found != partitions:
+                log.warning("topic %s has %d partitions (asked for %d): using %d", topic, found, partitions, found)
+            return found
+        if time.monotonic() > deadline:
+            raise RelayError(f"topic {topic!r} does not show in the metadata of {bootstrap}")
+        time.sleep(0.1)
+
+
+def _position_consumer(bootstrap: str) -> Consumer:
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"fanout-relay-position-{uuid.uuid4().hex[:12]}",  # never joined nor committed
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+            "allow.auto.create.topics": False,
+            "fetch.max.bytes": MAX_RECORD_BYTES * 2,
+            "max.partition.fetch.bytes": MAX_RECORD_BYTES,
+            "socket.connection.setup.timeout.ms": 10_000,
+        }
+    )
+
+
+def relayed_position(bootstrap: str, topic: str, *, timeout: float = 30.0, window: int = POSITION_WINDOW) -> int:
+    """The log position the relay has published to `topic`, as a read_committed consumer
+    sees it: the largest position header (event or watermark) among the last committed
+    records of the partitions; 0 when the topic is missing or empty.
+
+    Each partition is read from `window` records before its end (the end is the last
+    stable offset for read_committed) to the end; a partition whose window holds no
+    committed fanout record (only aborted records and transaction markers) is read again
+    from further back. Cheap (a few small fetches), so /metrics, /readyz and the relay's
+    lag can call it."""
+    consumer = _position_consumer(bootstrap)
+    try:
+        try:
+            md = consumer.list_topics(topic, timeout=min(timeout, 10.0))
+        except KafkaException as exc:
+            raise RelayError(f"Kafka at {bootstrap} did not answer: {exc}") from None
+        t = md.topics.get(topic)
+        if t is None or t.error is not None or not t.partitions:
+            return 0
+        found = _last_positions(consumer, topic, sorted(t.partitions), timeout, window)
+        return max(found.values(), default=0)
+    finally:
+        consumer.close()
+
+
+def _last_positions(
+    consumer: Consumer, topic: str, partitions: Sequence[int], timeout: float, window: int
+) -> dict[int, int]:
+    deadline = time.monotonic() + timeout
+    bounds: dict[int, tuple[int, int]] = {}
+    for p in partitions:
+        try:
+            lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=max(1.0, timeout / 2))
+        except KafkaException as exc:
+            raise RelayError(f"cannot read the offsets of {topic}[{p}]: {exc}") from None
+        if hi > lo:
+            bounds[p] = (lo, hi)
+    result: dict[int, int] = {}
+    pending = dict(bounds)
+    while pending:
+        starts = {p: max(lo, hi - window) for p, (lo, hi) in pending.items()}
+        consumer.assign([TopicPartition(topic, p, off) for p, off in starts.items()])
+        found: dict[int, int] = {}
+        done: set[int] = set()
+        while done != set(pending):
+            if time.monotonic() > deadline:
+                raise RelayError(f"reading the end of {topic} took longer than {timeout:.0f}s")
+            for m in consumer.consume(1000, 0.5):
+                part = m.partition()
+                err = m.error()
+                if part is None or part not in pending:
+                    continue
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        done.add(part)
+                        continue
+                    raise RelayError(f"reading {topic}[{part}]: {err}")
+                h = m.headers()
+                pos = position_of(list(h.items()) if isinstance(h, dict) else h)
+                if pos is not None:
+                    found[part] = max(found.get(part, 0), pos)
+                off = m.offset()
+                if off is not None and off >= pending[part][1] - 1:
+                    done.add(part)
+            # The end may be control records only (no EOF event before them): compare positions.
+            for tp in consumer.position([TopicPartition(topic, p) for p in pending if p not in done]):
+                if tp.offset >= pending[tp.partition][1]:
+                    done.add(tp.partition)
+        for p in list(pending):
+            if p in found or starts[p] <= pending[p][0]:
+                result[p] = found.get(p, 0)
+                del pending[p]
+        window *= 8
+    consumer.unassign()
+    return result
+
+
+# -- the relay ----------------------------------------------------------------------------------
+
+
+@dataclass
+class RelayStats:
+    position: int = 0  # the last position committed to Kafka by this process (or found at start)
+    events: int = 0  # events relayed by this process
+    transactions: int = 0
+    aborted: int = 0  # transactions aborted and retried
+    started_at: float = 0.0
+
+
+class Relay:
+    """Follows `app`'s notification log (a PostgreSQL application recorder) and publishes
+    it to `topic` at `bootstrap`. `start()` prepares (topic, producer, position); `run()`
+    relays until `stop()` (thread- and signal-handler-safe) or an error."""
+
+    def __init__(
+        self,
+        app: Application[Any],
+        *,
+        bootstrap: str,
+        topic: str,
+        partitions: int = 6,
+        replication: int = 1,
+        transactional_id: str | None = None,
+        batch: int = 500,
+        linger: float = 0.005,
+        log_interval: float = 5.0,
+        transaction_timeout: float = 60.0,
+        kafka_logger: logging.Logger | None = None,
+    ) -> None:
+        if not isinstance(app.recorder, PostgresApplicationRecorder):
+            raise TypeError(
+                f"the relay follows a PostgreSQL event store; this application has {type(app.recorder).__name__}"
+            )
+        if batch < 1:
+            raise ValueError("batch must be at least 1")
+        self.app = app
+        self.recorder: PostgresApplicationRecorder = app.recorder
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.partitions = partitions
+        self.replication = replication
+        self.transactional_id = transactional_id or transactional_id_for(topic)
+        self.batch = batch
+        self.linger = linger
+        self.log_interval = log_interval
+        self.transaction_timeout = transaction_timeout
+        self.kafka_logger = kafka_logger or logging.getLogger("fanout.relay.rdkafka")
+        self.keys = RoutingKeys(app)
+        self.stats = RelayStats()
+        self._producer: Producer | None = None
+        self._subscription: _Subscription | None = None
+        self._stop = threading.Event()
+        self._started = False
+        self.on_committed: Callable[[int], None] | None = None  # called with each committed position
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def position(self) -> int:
+        return self.stats.position
+
+    def start(self) -> int:
+        """Create the topic if missing, take over the transactional id (fencing a previous
+        instance, aborting its open transaction), and find the relayed position."""
+        self.partitions = ensure_topic(self.bootstrap, self.topic, self.partitions, self.replication)
+        producer = Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "transactional.id": self.transactional_id,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": max(0, int(self.linger * 1000)),
+                "compression.type": "lz4",
+                "message.max.bytes": MAX_RECORD_BYTES + 1024 * 1024,
+                "transaction.timeout.ms": int(self.transaction_timeout * 1000),
+                "socket.connection.setup.timeout.ms": 10_000,
+                "logger": self.kafka_logger,
+            }
+        )
+        t0 = time.monotonic()
+        try:
+            producer.init_transactions(self.transaction_timeout)
+        except KafkaException as exc:
+            raise RelayError(
+                f"init_transactions({self.transactional_id!r}) failed at {self.bootstrap}: {exc}"
+            ) from None
+        self._producer = producer
+        self.stats.position = relayed_position(self.bootstrap, self.topic)
+        self.stats.started_at = time.time()
+        self._started = True
+        log.info(
+            "relay: %s -> kafka %s topic %s (%d partitions), transactional id %s (took over in %.2fs); "
+            "relayed position %d, log at %d",
+            self.recorder.channel_name,
+            self.bootstrap,
+            self.topic,
+            self.partitions,
+            self.transactional_id,
+            time.monotonic() - t0,
+            self.stats.position,
+            self._log_top(),
+        )
+        return self.stats.position
+
+    def stop(self) -> None:
+        """Ask `run()` to return: the transaction in progress is finished (committed), the
+        subscription closed. Safe from a signal handler and from another thread."""
+        self._stop.set()
+        sub = self._subscription
+        if sub is not None:
+            sub.stop()
+
+    def run(self) -> None:
+        if not self._started:
+            self.start()
+        assert self._producer is not None
+        inbox: queue.Queue[Any] = queue.Queue(maxsize=self.batch * 4)
+        with _Subscription(self.recorder, gt=self.stats.position) as sub:
+            self._subscription = sub
+            if self._stop.is_set():
+                sub.stop()
+            feeder = threading.Thread(target=self._feed, args=(sub, inbox), name="fanout-relay-feed", daemon=True)
+            feeder.start()
+            try:
+                self._loop(inbox)
+            finally:
+                sub.stop()
+                self._subscription = None
+                feeder.join(5)
+        self._close()
+
+    def _close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(5)
+            self._producer = None
+        log.info(
+            "relay: stopped at position %d (%d events in %d transactions this run)",
+            self.stats.position,
+            self.stats.events,
+            self.stats.transactions,
+        )
+
+    def _feed(self, sub: _Subscription, inbox: queue.Queue[Any]) -> None:
+        """Move notifications from the subscription into `inbox` (so the loop can batch with
+        a timeout); ends with (_END, error or None)."""
+        error: BaseException | None = None
+        try:
+            for note in sub:
+                while not self._stop.is_set():
+                    try:
+                        inbox.put(note, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    break
+        except BaseException as exc:
+            error = exc
+        while True:
+            try:
+                inbox.put((_END, error), timeout=0.2)
+                return
+            except queue.Full:
+                if self._stop.is_set():
+                    return
+
+    def _loop(self, inbox: queue.Queue[Any]) -> None:
+        last_log = time.monotonic()
+        logged_events = -1
+        while not self._stop.is_set():
+            notes, end = self._take(inbox)
+            if notes:
+                self._relay(notes)
+            now = time.monotonic()
+            if now - last_log >= self.log_interval and logged_events != self.stats.events:
+                self._log_progress()
+                last_log, logged_events = now, self.stats.events
+            if end is not None:
+                error = end[1]
+                if error is not None and not self._stop.is_set():
+                    raise RelayError(f"the event store subscription failed: {error!r}") from error
+                return
+        self._log_progress()
+
+    def _take(self, inbox: queue.Queue[Any]) -> tuple[list[Notification], tuple[object, BaseException | None] | None]:
+        """Up to `batch` notifications: what is there, plus what arrives within `linger`."""
+        notes: list[Notification] = []
+        try:
+            item = inbox.get(timeout=0.5)
+        except queue.Empty:
+            return notes, None
+        deadline = time.monotonic() + self.linger
+        while True:
+            if isinstance(item, tuple):
+                return notes, item
+            notes.append(item)
+            if len(notes) >= self.batch:
+                return notes, None
+            try:
+                item = inbox.get_nowait()
+            except queue.Empty:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return notes, None
+                try:
+                    item = inbox.get(timeout=left)
+                except queue.Empty:
+                    return notes, None
+
+    # -- one transaction -------------------------------------------------------------------
+
+    def _relay(self, notes: Sequence[Notification]) -> None:
+        """One transaction: the events, then Watermark(last) on every partition, commit.
+        An abortable failure aborts and retries the same notifications; a fenced producer
+        raises RelayFenced; other fatal errors raise RelayError."""
+        p = self._producer
+        assert p is not None
+        records = [(self.keys.key(n), n) for n in notes]
+        last = notes[-1].id
+        watermark: Headers = [*Watermark(last).headers()]
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                p.begin_transaction()
+                for key, n in records:
+                    rec = EventRecord(n.id, n.topic, _uuid(n.originator_id), n.originator_version, n.state)
+                    self._produce(p, value=n.state, key=key, headers=[*rec.headers()])
+                for k in range(self.partitions):
+                    self._produce(p, value=b"", partition=k, headers=watermark)
+                self._commit(p)
+                break
+            except KafkaException as exc:
+                err = _kafka_error(exc)
+                if _is_fenced(err):
+                    raise RelayFenced(
+                        f"fenced: another relay took over transactional id {self.transactional_id!r} "
+                        f"(this one stops at position {self.stats.position}): {err}"
+                    ) from None
+                if err is not None and err.txn_requires_abort() and attempt < 5:
+                    log.warning("relay: transaction aborted (%s); retrying %d events", err, len(records))
+                    self.stats.aborted += 1
+                    p.abort_transaction(self.transaction_timeout)
+                    time.sleep(0.2 * attempt)
+                    continue
+                raise RelayError(
+                    f"Kafka refused a transaction of positions {notes[0].id}..{last}: {err or exc}"
+                ) from None
+        p.poll(0)
+        self.stats.position = last
+        self.stats.events += len(records)
+        self.stats.transactions += 1
+        if self.on_committed is not None:
+            self.on_committed(last)
+
+    def _produce(
+        self, p: Producer, *, value: bytes, headers: Headers, key: str | None = None, partition: int = -1
+    ) -> None:
+        while True:
+            try:
+                p.produce(self.topic, value=value, key=key, partition=partition, headers=headers)
+                return
+            except BufferError:  # the local queue is full: let deliveries drain
+                p.poll(0.1)
+
+    def _commit(self, p: Producer) -> None:
+        for attempt in range(1, 6):
+            try:
+                p.commit_transaction(self.transaction_timeout)
+                return
+            except KafkaException as exc:
+                err = _kafka_error(exc)
+                if err is None or not err.retriable() or _is_fenced(err) or attempt == 5:
+                    raise
+                log.warning("relay: commit failed (%s), retrying", err)
+                time.sleep(0.2 * attempt)
+
+    # -- observability ---------------------------------------------------------------------
+
+    def _log_top(self) -> int:
+        try:
+            return int(self.recorder.max_notification_id() or 0)
+        except Exception:  # a log line must not stop the relay
+            return -1
+
+    def lag(self) -> int:
+        """Log positions not relayed yet: max notification id - relayed position."""
+        return max(0, self._log_top() - self.stats.position)
+
+    def _log_progress(self) -> None:
+        elapsed = max(1e-9, time.time() - self.stats.started_at)
+        log.info(
+            "relay: %d events in %d transactions (%.0f/s), position %d, lag %d",
+            self.stats.events,
+            self.stats.transactions,
+            self.stats.events / elapsed,
+            self.stats.position,
+            self.lag(),
+        )
