@@ -1,0 +1,235 @@
+"""The online-push channel between processes (invariant O across the wire).
+
+A projection worker (`streams/worker.py`) publishes each `Delivered` effect, after the unit
+of work that produced it has committed, as one JSON record on `<event topic>.pushes`, keyed
+by conversation (a conversation's pushes keep their order within a partition). Every API
+replica runs a `PushSubscriber`: it reads every partition of that topic from its end at the
+moment it starts (no consumer group, nothing committed: a replica only pushes to the
+sockets it holds now, and a device that was offline reads its mailbox), and hands each
+`Delivered` to a callback (the replica's `PushHub.deliver`).
+
+confluent-kafka, plain threads: nothing here needs an event loop."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from projections.delivery import Delivered
+
+log = logging.getLogger("fanout.pushes")
+
+FORMAT = 1  # the "v" field of a push record
+
+
+def pushes_topic(event_topic: str) -> str:
+    return f"{event_topic}.pushes"
+
+
+# -- the record ---------------------------------------------------------------------------
+
+
+def encode(d: Delivered) -> bytes:
+    """A Delivered as JSON: plain data only (the members per shard, the materialized set
+    sorted, or null for every member)."""
+    body = {
+        "v": FORMAT,
+        "tenant": d.tenant,
+        "conversation_id": d.conversation_id,
+        "seq": d.seq,
+        "message": d.message,
+        "materialized": None if d.materialized is None else sorted(d.materialized),
+        "members_by_shard": {str(shard): members for shard, members in d.members_by_shard.items()},
+        "mailbox_shards": d.mailbox_shards,
+    }
+    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+
+
+def decode(value: bytes) -> Delivered:
+    """The Delivered a push record holds; ValueError for anything else."""
+    try:
+        body = json.loads(value)
+        if body.get("v") != FORMAT:
+            raise ValueError(f"push record format {body.get('v')!r}, expected {FORMAT}")
+        materialized = body["materialized"]
+        return Delivered(
+            tenant=str(body["tenant"]),
+            conversation_id=str(body["conversation_id"]),
+            seq=int(body["seq"]),
+            message=dict(body["message"]),
+            materialized=None if materialized is None else frozenset(str(u) for u in materialized),
+            members_by_shard={int(k): [str(u) for u in v] for k, v in body["members_by_shard"].items()},
+            mailbox_shards=int(body["mailbox_shards"]),
+        )
+    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not a push record: {exc}") from None
+
+
+# -- topics -------------------------------------------------------------------------------
+
+
+def ensure_topic(bootstrap: str, topic: str, partitions: int, replication: int = 1, timeout: float = 30.0) -> bool:
+    """Create `topic` unless it exists; returns whether it was created here. An existing
+    topic is left as it is (its partition count included)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept referenced until the futures resolve
+    if topic in admin.list_topics(timeout=timeout).topics:
+        return False
+    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=replication)])
+    try:
+        futures[topic].result(timeout)
+    except KafkaException as exc:
+        if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return False
+        raise
+    return True
+
+
+def partition_count(bootstrap: str, topic: str, timeout: float = 30.0) -> int:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    meta = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+    if meta is None or meta.error is not None or not meta.partitions:
+        raise LookupError(f"Kafka topic {topic!r} not found")
+    return len(meta.partitions)
+
+
+# -- publishing (the worker, after its unit of work committed) ------------------------------
+
+
+class PushPublisher:
+    """Publishes Delivered effects. `publish` only queues (librdkafka sends within
+    `linger_ms`); `flush` waits for the broker's acknowledgement."""
+
+    def __init__(
+        self, bootstrap: str, topic: str, *, partitions: int = 1, replication: int = 1, linger_ms: int = 2
+    ) -> None:
+        ensure_topic(bootstrap, topic, partitions, replication)
+        self.topic = topic
+        self.failed = 0
+        self.published = 0
+        self._producer = Producer(
+            {"bootstrap.servers": bootstrap, "linger.ms": linger_ms, "enable.idempotence": True, "acks": "all"}
+        )
+
+    def _report(self, err: KafkaError | None, _msg: Any) -> None:
+        if err is not None:
+            self.failed += 1
+            log.warning("a push was not published: %s (the views hold the message; the mailbox serves it)", err)
+
+    def publish(self, effects: Iterable[Any]) -> int:
+        """Publish the Delivered among `effects`; returns how many were queued."""
+        n = 0
+        for d in effects:
+            if not isinstance(d, Delivered):
+                continue
+            while True:
+                try:
+                    self._producer.produce(
+                        self.topic,
+                        key=f"{d.tenant}/{d.conversation_id}".encode(),
+                        value=encode(d),
+                        on_delivery=self._report,
+                    )
+                    break
+                except BufferError:  # the local queue is full: let it drain
+                    self._producer.poll(0.1)
+            n += 1
+        self._producer.poll(0)
+        self.published += n
+        return n
+
+    def flush(self, timeout: float = 10.0) -> int:
+        """Wait for every queued push; returns how many are still queued."""
+        return int(self._producer.flush(timeout))
+
+    def close(self) -> None:
+        self.flush()
+
+
+# -- subscribing (each API replica) ------------------------------------------------------
+
+
+class PushSubscriber:
+    """A consumer thread over every partition of the pushes topic, from its end at start()
+    (explicit offsets: start() returns once they are fixed, so every push published after
+    it returns is seen). No group, nothing committed. `callback(Delivered)` runs on the
+    thread; its exceptions are logged."""
+
+    def __init__(self, bootstrap: str, topic: str, callback: Callable[[Delivered], Any], *, poll: float = 0.2) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.callback = callback
+        self.poll = poll
+        self.received = 0
+        self.bad = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._consumer: Consumer | None = None
+
+    def start(self, timeout: float = 30.0) -> PushSubscriber:
+        ensure_topic(self.bootstrap, self.topic, 1)
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": "fanout-push-subscriber",  # required by librdkafka; never joined (assign) nor committed
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "fetch.wait.max.ms": 50,
+                "isolation.level": "read_committed",
+            }
+        )
+        try:
+            meta = consumer.list_topics(self.topic, timeout=timeout).topics[self.topic]
+            tps = []
+            for p in sorted(meta.partitions):
+                _low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout)
+                tps.append(TopicPartition(self.topic, p, high))
+            consumer.assign(tps)
+        except BaseException:
+            consumer.close()
+            raise
+        self._consumer = consumer
+        self._thread = threading.Thread(target=self._run, name="fanout-push-subscriber", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        try:
+            while not self._stop.is_set():
+                msg = consumer.poll(self.poll)
+                if msg is None:
+                    continue
+                err = msg.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        log.warning("push subscriber: %s", err)
+                    continue
+                try:
+                    d = decode(msg.value() or b"")
+                except ValueError as exc:
+                    self.bad += 1
+                    log.warning("push subscriber: skipped a record: %s", exc)
+                    continue
+                self.received += 1
+                try:
+                    self.callback(d)
+                except Exception:
+                    log.exception("push subscriber: the callback failed")
+        finally:
+            consumer.close()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    close = stop

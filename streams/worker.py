@@ -1,0 +1,386 @@
+"""The projection worker (`fanout worker`): a Faust app whose one agent hosts the same
+projections as the embedded runner (`projections/hosting.py` `build_projections`) over a
+ViewStore, reading the event topic the relay writes (`streams/records.py`).
+
+* **Batches, per partition.** The agent takes up to `batch` events within `within` seconds
+  (`stream.take_events`), groups them by Kafka partition and runs ONE unit of work per
+  partition in a single-thread executor (`loop.run_in_executor`): the Faust event loop never
+  waits on a view store, and the units of one worker never overlap (the view stores are
+  not required to take concurrent units from one process).
+* **One projection set per partition** (`build_projections(views, params, partition=p)`:
+  the capacity window is saved per partition), built lazily from the committed views.
+* **Idempotence by tracking, not by Kafka offsets.** The tracked position of (projection,
+  partition) decides: an event record at or below it is skipped (at-least-once delivery, a
+  rebalance, a restarted worker, a reset consumer group); projections also skip by their
+  own applied positions (ADR-0012). A watermark record R tracks max(current, R) for that
+  partition. Faust commits offsets on its own, only for events the agent has finished (the
+  take buffer acks after the batch is handled), so a committed offset is never ahead of the
+  views; behind them is harmless.
+* **A failed unit** drops that partition's working sets (rebuilt from the views), is logged
+  once (then once per interval while it keeps failing) and the same records are retried
+  after a short backoff: nothing is acked or skipped.
+* **Revocation** forgets the revoked partitions' working sets and tracked positions (another
+  worker may advance them); they are reloaded if the partition comes back.
+* **read_committed.** The relay writes in Kafka transactions; a record of an aborted one is
+  never applied. faust-streaming 0.15.3 has no setting for the consumer's isolation level
+  (it reads committed only with processing_guarantee="exactly_once", which also makes Faust
+  run transactional producers we do not need), so the app's consumer thread sets it on the
+  aiokafka consumer it creates (`ReadCommittedConsumerThread`).
+* **Effects after the commit**: `on_effects(effects)` (the caller publishes the pushes,
+  `streams/pushes.py`, and opens reviews); its exceptions are logged, never fatal."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import faust
+from faust.transport.drivers import aiokafka as faust_aiokafka
+
+from domain.params import Parameters
+from domain.review import topics_of
+from projections.failures import Throttled, storage_failure
+from projections.hosting import Effect, Projection, build_projections, topics
+from projections.ports import ViewStore
+from streams.pushes import ensure_topic
+from streams.records import BadRecord, EventRecord, Watermark, decode
+
+log = logging.getLogger("fanout.worker")
+
+Record = EventRecord | Watermark
+RETRY_AFTER_FAILURE = 0.5  # seconds between attempts at a failing unit of work
+
+
+# -- the units of work (no Faust here: synchronous, run on the executor's thread) ----------------
+
+
+@dataclass
+class HostStats:
+    records: int = 0  # records handed to apply()
+    applied: int = 0  # event records processed by at least one projection
+    skipped: int = 0  # event records at or below the tracked positions (redelivered)
+    units: int = 0  # committed units of work
+    entries: int = 0  # mailbox entries written
+    effects: int = 0
+    failures: int = 0  # failed units of work
+    started: float = field(default_factory=time.monotonic)
+
+
+class PartitionHost:
+    """The projections of the partitions a worker holds, and their units of work. Every
+    method runs on one thread (the worker's executor)."""
+
+    def __init__(
+        self,
+        views: ViewStore,
+        params: Parameters,
+        to_domain_event: Callable[[EventRecord], Any],
+        on_effects: Callable[[Sequence[Effect]], None] | None = None,
+        *,
+        max_entries_per_commit: int = 200_000,
+    ) -> None:
+        self.views = views
+        self.params = params
+        self.to_domain_event = to_domain_event
+        self.on_effects = on_effects
+        self.max_entries_per_commit = max_entries_per_commit
+        self.stats = HostStats()
+        self._sets: dict[int, tuple[Projection, ...]] = {}
+        self._routes: dict[int, dict[type, tuple[Projection, ...]]] = {}
+        self._tracked: dict[int, dict[str, int]] = {}
+        self._topics: frozenset[str] | None = None  # the stored topics some projection folds
+
+    # -- working sets and tracked positions -------------------------------------------------
+
+    def projections(self, partition: int) -> tuple[Projection, ...]:
+        ps = self._sets.get(partition)
+        if ps is None:
+            ps = self._sets[partition] = build_projections(self.views, self.params, partition=partition)
+            self._routes[partition] = {t: tuple(p for p in ps if t in p.topics) for t in topics(ps)}
+            if self._topics is None:
+                self._topics = frozenset(topics_of(*topics(ps)))
+        return ps
+
+    def tracked(self, partition: int) -> dict[str, int]:
+        """projection -> the position its views hold for this partition (read once, then
+        kept up to date by this host's commits)."""
+        t = self._tracked.get(partition)
+        if t is None:
+            t = self._tracked[partition] = {
+                p.name: self.views.position(p.name, partition) for p in self.projections(partition)
+            }
+        return t
+
+    def forget(self, partitions: Iterable[int] | None = None) -> None:
+        """Drop the working sets and tracked positions of these partitions (all when None):
+        a revoked partition, or a failed unit of work. Reloaded from the views when needed."""
+        for partition in list(self._sets if partitions is None else partitions):
+            for p in self._sets.pop(partition, ()):
+                p.forget()
+            self._routes.pop(partition, None)
+            self._tracked.pop(partition, None)
+
+    @property
+    def partitions(self) -> list[int]:
+        return sorted(self._sets)
+
+    # -- applying ---------------------------------------------------------------------------
+
+    def apply(self, partition: int, records: Sequence[Record]) -> int:
+        """Apply one partition's records (in partition order) in as many units of work as
+        the mailbox-entry bound needs; returns how many records went into committed units.
+        Raises when a unit fails (its working sets are dropped; retry the same records)."""
+        self.stats.records += len(records)
+        done = 0
+        while done < len(records):
+            done += self._unit(partition, records[done:])
+        return done
+
+    def _unit(self, partition: int, records: Sequence[Record]) -> int:
+        projections = self.projections(partition)
+        routes = self._routes[partition]
+        tracked = self.tracked(partition)
+        low = min(tracked.values())
+        if all(r.position <= low for r in records):  # all redelivered: nothing to write
+            self.stats.skipped += sum(isinstance(r, EventRecord) for r in records)
+            return len(records)
+        wanted = self._topics or frozenset()
+        effects: list[Effect] = []
+        count = applied = skipped = 0
+        top = 0
+        try:
+            with self.views.unit_of_work() as w:
+                w.partition = partition
+                for r in records:
+                    count += 1
+                    top = max(top, r.position)
+                    if isinstance(r, Watermark):
+                        continue
+                    if r.position <= low:
+                        skipped += 1
+                        continue
+                    if r.topic not in wanted:
+                        continue  # an event no projection folds (a quota charge): tracked only
+                    event = self.to_domain_event(r)
+                    for p in routes.get(type(event), ()):
+                        if r.position > tracked[p.name]:
+                            effects.extend(p.process(event, r.position, w))
+                    applied += 1
+                    if w.mailbox_entries >= self.max_entries_per_commit:
+                        break
+                last = {p.name: max(tracked[p.name], top) for p in projections}
+                for p in projections:
+                    p.flush(w)
+                    w.track(p.name, last[p.name], partition)
+                entries = w.mailbox_entries
+        except BaseException:
+            # The working sets ran ahead of what committed: reload them from the views.
+            self.stats.failures += 1
+            self.forget([partition])
+            raise
+        tracked.update(last)
+        s = self.stats
+        s.units += 1
+        s.applied += applied
+        s.skipped += skipped
+        s.entries += entries
+        s.effects += len(effects)
+        if effects and self.on_effects is not None:
+            try:
+                self.on_effects(effects)
+            except Exception:
+                log.exception("acting on the effects failed (the views are committed)")
+        return count
+
+
+# -- records from Kafka -------------------------------------------------------------------
+
+
+def group_by_partition(messages: Iterable[tuple[int, Any, bytes | None]]) -> dict[int, list[Record]]:
+    """(partition, headers, value) in arrival order -> partition -> its records in order.
+    A record neither the relay nor a test wrote is logged and left out (it can never apply)."""
+    out: dict[int, list[Record]] = {}
+    for partition, headers, value in messages:
+        if isinstance(headers, Mapping):
+            headers = list(headers.items())
+        try:
+            rec = decode(headers, value)
+        except BadRecord as exc:
+            log.error("skipped a record of partition %d: %s", partition, exc)
+            continue
+        out.setdefault(partition, []).append(rec)
+    return out
+
+
+class Applier:
+    """The asyncio side: hands each partition's records to the host on the executor and
+    retries a failed unit after a backoff until it commits."""
+
+    def __init__(self, host: PartitionHost, *, backoff: float = RETRY_AFTER_FAILURE) -> None:
+        self.host = host
+        self.backoff = backoff
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fanout-worker-unit")
+        self._throttled = Throttled(log)
+        self.last_error: str | None = None
+
+    async def apply(self, by_partition: Mapping[int, Sequence[Record]]) -> None:
+        loop = asyncio.get_running_loop()
+        for partition in sorted(by_partition):
+            failures = 0
+            while True:
+                try:
+                    await loop.run_in_executor(self.executor, self.host.apply, partition, by_partition[partition])
+                    break
+                except Exception as exc:
+                    failures += 1
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    reason = storage_failure(exc) or "projector_failed"
+                    if failures == 1:
+                        log.exception("unit of work of partition %d failed (%s); retrying it", partition, reason)
+                    else:
+                        self._throttled(
+                            "failing", logging.ERROR, "partition %d still failing: %s", partition, self.last_error
+                        )
+                    await asyncio.sleep(self.backoff)
+            if failures:
+                log.warning("partition %d recovered after %d failed attempts", partition, failures)
+                self.last_error = None
+
+    async def forget(self, partitions: Iterable[int]) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.executor, self.host.forget, list(partitions))
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True)
+
+
+# -- Faust ------------------------------------------------------------------------------
+
+
+class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    """aiokafka's consumer as Faust builds it, reading committed records only."""
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._isolation_level = "read_committed"  # handed to aiokafka's Fetcher at start()
+        return consumer
+
+
+class ReadCommittedConsumer(faust_aiokafka.Consumer):
+    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
+        return ReadCommittedConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class ReadCommittedTransport(faust_aiokafka.Transport):
+    Consumer = ReadCommittedConsumer
+
+
+class WorkerApp(faust.App):
+    """A Faust app whose consumer reads committed records only (see the module doc)."""
+
+    def _new_transport(self) -> Any:
+        return ReadCommittedTransport(self.conf.broker_consumer, self)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    bootstrap: str  # host:port[,host:port]
+    topic: str  # the event topic
+    partitions: int = 6  # of the event topic, when this worker creates it
+    replication: int = 1
+    app_id: str | None = None  # the consumer group; default fanout-worker.<topic>
+    web_port: int = 0  # Faust's web server on 127.0.0.1; 0: a free port
+    datadir: Path | None = None  # Faust's data dir (nothing durable is kept there); default a temp dir
+    batch: int = 500  # events per take
+    within: float = 0.05  # seconds a take waits for more
+    session_timeout: float = 10.0  # a dead worker's partitions move after this
+    heartbeat: float = 1.0
+    max_entries_per_commit: int = 200_000
+
+    @property
+    def group(self) -> str:
+        return self.app_id or f"fanout-worker.{self.topic}"
+
+
+class ProjectionWorker:
+    """The Faust app with its agent, the host of the projections and the executor."""
+
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        views: ViewStore,
+        params: Parameters,
+        to_domain_event: Callable[[EventRecord], Any],
+        on_effects: Callable[[Sequence[Effect]], None] | None = None,
+    ) -> None:
+        self.settings = s = settings
+        self.host = PartitionHost(
+            views, params, to_domain_event, on_effects, max_entries_per_commit=s.max_entries_per_commit
+        )
+        self.applier = Applier(self.host)
+        ensure_topic(s.bootstrap, s.topic, s.partitions, s.replication)
+        datadir = s.datadir or Path(tempfile.mkdtemp(prefix="fanout-worker-"))
+        self.app = app = WorkerApp(
+            s.group,
+            broker=f"kafka://{s.bootstrap.split(',')[0]}",
+            broker_consumer=[f"kafka://{h}" for h in s.bootstrap.split(",")],
+            broker_producer=[f"kafka://{h}" for h in s.bootstrap.split(",")],
+            store="memory://",
+            datadir=str(datadir),
+            web_enabled=False,
+            web_host="127.0.0.1",
+            web_port=s.web_port or free_port(),
+            topic_disable_leader=True,
+            topic_replication_factor=s.replication,
+            consumer_auto_offset_reset="earliest",
+            broker_session_timeout=s.session_timeout,
+            broker_heartbeat_interval=s.heartbeat,
+            broker_rebalance_timeout=max(s.session_timeout, 10.0),
+            broker_request_timeout=max(s.session_timeout * 2, 30.0),
+        )
+        self.topic = app.topic(s.topic, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+        self.assigned: set[int] = set()
+        app.agent(self.topic, name="fanout-projections", concurrency=1)(self._agent)
+        app.on_partitions_revoked.connect(cast(Any, self._revoked))
+        app.on_partitions_assigned.connect(cast(Any, self._assigned))
+
+    async def _agent(self, stream: Any) -> None:
+        async for events in stream.take_events(self.settings.batch, within=self.settings.within):
+            by_partition = group_by_partition((e.message.partition, e.message.headers, e.message.value) for e in events)
+            await self.applier.apply(by_partition)
+
+    def _ours(self, tps: Iterable[Any]) -> set[int]:
+        return {tp.partition for tp in tps if tp.topic == self.settings.topic}
+
+    async def _revoked(self, sender: Any, *args: Any, **kwargs: Any) -> None:
+        parts = self._ours(args[0] if args else kwargs.get("revoked", ()))
+        self.assigned -= parts
+        if parts:
+            log.info("partitions %s revoked: their working sets are forgotten", sorted(parts))
+            await self.applier.forget(parts)
+
+    async def _assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
+        self.assigned = self._ours(args[0] if args else kwargs.get("assigned", ()))
+        log.info("partitions assigned: %s", sorted(self.assigned))
+
+    def run(self, loglevel: str = "info") -> None:
+        """Run the worker in this (main) thread until a signal stops it."""
+        worker = faust.Worker(self.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+        worker.spinner = None  # a terminal spinner: noise in a log file
+        try:
+            worker.execute_from_commandline()
+        finally:
+            self.applier.close()
