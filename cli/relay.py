@@ -54,6 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Kafka transactional id (default fanout-relay.<topic>: a second relay of the topic fences the first)",
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines (errors only)")
+    p.add_argument("--verbose", "-v", action="store_true", help="also librdkafka's own log lines")
 
 
 def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     # librdkafka's own lines (a broker down, retries) repeat every few seconds; the relay
     # reports what stops it in one line of its own.
     rdkafka = logging.getLogger("fanout.relay.rdkafka")
-    rdkafka.setLevel(logging.CRITICAL)
+    rdkafka.setLevel(logging.CRITICAL if not args.verbose else logging.DEBUG)
     try:
         return _run(args, rdkafka)
     except RelayCliError as exc:

@@ -53,6 +53,8 @@ from domain.tier import Tier
 from streams.records import EventRecord, Watermark, position_of
 
 log = logging.getLogger("fanout.relay")
+# librdkafka's own log lines (a broker down: one line per reconnect attempt) go here, not to stderr.
+rdkafka_log = logging.getLogger("fanout.relay.rdkafka")
 
 # An event's state may be large (a bulk join of 100k members is about 1.5 MB of JSON): the
 # topic the relay creates and its producer accept records up to this size.
@@ -195,7 +197,13 @@ def _is_fenced(err: KafkaError | None) -> bool:
 def ensure_topic(bootstrap: str, topic: str, partitions: int, replication: int, timeout: float = 15.0) -> int:
     """Create the topic if missing (idempotent: a racing creator is harmless) and return its
     partition count as the cluster reports it (an existing topic keeps its own count)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.connection.setup.timeout.ms": int(timeout * 1000)})
+    admin = AdminClient(
+        {
+            "bootstrap.servers": bootstrap,
+            "socket.connection.setup.timeout.ms": int(timeout * 1000),
+            "logger": rdkafka_log,
+        }
+    )
     new = NewTopic(
         topic,
         num_partitions=partitions,
@@ -207,6 +215,8 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, replication: int, 
         futures[topic].result(timeout + 5)  # `admin` stays referenced until the future resolves
     except KafkaException as exc:
         err = _kafka_error(exc)
+        if err is not None and err.code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT):
+            raise RelayError(f"Kafka at {bootstrap} did not answer within {timeout:.0f}s ({err.str()})") from None
         if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise RelayError(f"cannot create the Kafka topic {topic!r} at {bootstrap}: {err or exc}") from None
     except Exception as exc:  # concurrent.futures.TimeoutError and the like
@@ -241,6 +251,7 @@ def _position_consumer(bootstrap: str) -> Consumer:
             "fetch.max.bytes": MAX_RECORD_BYTES * 2,
             "max.partition.fetch.bytes": MAX_RECORD_BYTES,
             "socket.connection.setup.timeout.ms": 10_000,
+            "logger": rdkafka_log,
         }
     )
 
@@ -371,7 +382,7 @@ class Relay:
         self.linger = linger
         self.log_interval = log_interval
         self.transaction_timeout = transaction_timeout
-        self.kafka_logger = kafka_logger or logging.getLogger("fanout.relay.rdkafka")
+        self.kafka_logger = kafka_logger or rdkafka_log
         self.keys = RoutingKeys(app)
         self.stats = RelayStats()
         self._producer: Producer | None = None
