@@ -154,8 +154,10 @@ class MemoryWriter:
 class MemoryViews:
     """A ViewStore in memory (plus its mailbox store)."""
 
-    def __init__(self, mailbox: MemoryMailbox | None = None) -> None:
+    def __init__(self, mailbox: MemoryMailbox | None = None, *, partitions: int = 1) -> None:
+        """`partitions`: the log's partition count (the low watermark is the minimum over them)."""
         self.mailbox = mailbox if mailbox is not None else MemoryMailbox()
+        self.partitions = partitions
         self._lock = threading.RLock()
         self.tracking: dict[tuple[str, int], int] = {}
         self.heads_rows: dict[Key, dict[str, Any]] = {}
@@ -230,6 +232,10 @@ class MemoryViews:
     def positions(self) -> dict[tuple[str, int], int]:
         with self._lock:
             return dict(self.tracking)
+
+    def low_watermark(self, projection: str) -> int:
+        with self._lock:
+            return min(self.tracking.get((projection, p), 0) for p in range(self.partitions))
 
     def conversation_key(self, aggregate_id: Any) -> tuple[str, str]:
         with self._lock:
@@ -310,7 +316,7 @@ class MemoryViews:
             return {"tenant": tenant, "conversation_id": conversation_id, "conversation_seq": seq, **row}
 
     def mailbox_page(self, tenant: str, user_id: str, after: int, limit: int) -> list[MailboxEntry]:
-        return self.mailbox.read(tenant, user_id, after, self.position("delivery"), limit)
+        return self.mailbox.read(tenant, user_id, after, self.low_watermark("delivery"), limit)
 
     def review(self, review_id: str) -> dict[str, Any]:
         with self._lock:

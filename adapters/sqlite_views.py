@@ -450,6 +450,10 @@ class SqliteViews:
         """(projection, partition) -> the last position applied."""
         return {(r[0], r[1]): r[2] for r in self.reader().execute("SELECT projection, partition, position FROM tracking")}
 
+    def low_watermark(self, projection: str) -> int:
+        """One log, one partition."""
+        return self.position(projection, 0)
+
     def conversation_key(self, aggregate_id: UUID) -> tuple[str, str]:
         row = self.reader().execute(
             "SELECT tenant, conversation_id FROM heads WHERE aggregate_id=?", (str(aggregate_id),)
@@ -642,7 +646,7 @@ class SqliteViews:
 
     def mailbox_page(self, tenant: str, user_id: str, after: int, limit: int) -> list[MailboxEntry]:
         # Only entries whose views transaction committed are visible: a cursor never skips.
-        until = self.position("delivery")
+        until = self.low_watermark("delivery")
         return self.mailbox.read(tenant, user_id, after, until, limit)
 
     def reopen_mailbox(self) -> None:

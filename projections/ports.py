@@ -119,6 +119,11 @@ class ViewReader(Protocol):
     def positions(self) -> dict[tuple[str, int], int]:
         """(projection, partition) -> the last position applied, for every one tracked."""
 
+    def low_watermark(self, projection: str) -> int:
+        """The position every partition of the log has applied for this projection: the
+        minimum of position(projection, p) over partitions 0..partitions-1 (a partition
+        never tracked counts 0). One partition: position(projection, 0)."""
+
     # -- conversations -------------------------------------------------------------
 
     def conversation_key(self, aggregate_id: Any) -> tuple[str, str]:
@@ -173,8 +178,10 @@ class ViewReader(Protocol):
         """The cost record, with the runtime facts materialized_at and online_pushes."""
 
     def mailbox_page(self, tenant: str, user_id: str, after: int, limit: int) -> list[MailboxEntry]:
-        """Mailbox entries after `after` up to the committed delivery position (a
-        cursor never skips an entry whose views have not committed yet)."""
+        """Mailbox entries after `after` up to low_watermark("delivery"): the position
+        every partition has committed, so a cursor never skips an entry whose views have
+        not committed yet, even when partitions commit in different orders on different
+        workers."""
 
     # -- admin views ---------------------------------------------------------------
 

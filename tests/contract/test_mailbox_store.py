@@ -4,6 +4,7 @@ the in-memory store. No mocks."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from adapters.cassandra_mailbox import MAILBOX_TABLE, CassandraMailbox
 from adapters.memory import MemoryMailbox
 from adapters.rocksdb_mailbox import RocksMailbox, ShardCountMismatch
 from adapters.sqlite_views import SqliteMailbox
 from projections.ports import MailboxStore, MessageRefs
 from projections.sharding import shard_of
+from tests.contract.test_view_store import CassandraKeyspace
 
 SHARDS = 4
 
@@ -136,3 +139,46 @@ class TestSqliteMailbox(MailboxContract):
 class TestMemoryMailbox(MailboxContract):
     def make(self, path: Path) -> MailboxStore:
         return MemoryMailbox()
+
+
+@pytest.fixture(scope="class")
+def mailbox_keyspace(engines: dict[str, str]) -> Iterator[CassandraKeyspace]:
+    ks = CassandraKeyspace(engines["FANOUT_VIEWS"], (MAILBOX_TABLE,))
+    yield ks
+    ks.close()
+
+
+class TestCassandraMailbox(MailboxContract):
+    """On the running Cassandra: one keyspace for the class, emptied for each store."""
+
+    @pytest.fixture(autouse=True)
+    def _keyspace(self, mailbox_keyspace: CassandraKeyspace) -> None:
+        self.ks = mailbox_keyspace
+
+    def make(self, path: Path) -> MailboxStore:
+        return self.ks.mailbox(clear=True)
+
+    def test_a_message_to_many_members_is_written_in_grouped_batches(self) -> None:
+        """Thousands of members: every entry lands once, in UNLOGGED batches of
+        BATCH_ROWS rows (not a round trip per member), and a second write adds nothing."""
+        from adapters import cassandra_mailbox
+
+        store = self.make(Path("unused"))
+        users = [f"user{i:05d}" for i in range(5000)]
+        r = refs("big", 7, 3, users, flags=0, special={"user00042": 1})
+        batches = list(store.batches("t", r))  # type: ignore[attr-defined]
+        assert len(batches) <= len(users) // cassandra_mailbox.BATCH_ROWS + SHARDS
+        assert store.write("t", r) == 5000 and store.write("t", r) == 5000
+        assert store.count() == 5000
+        assert store.read("t", "user00042", 0, 7, 5) == [("user00042", 7, 3, "big", 1)]
+        assert store.read("t", "user04999", 0, 6, 5) == []
+
+    def test_a_mailbox_opened_from_the_url_creates_its_table_and_closes(self, fresh_cassandra: str) -> None:
+        from fanout.urls import cassandra_settings
+
+        store = CassandraMailbox.from_settings(cassandra_settings(fresh_cassandra))
+        try:
+            store.write("t", refs("c", 1, 1, ["a"]))
+            assert store.read("t", "a", 0, 1, 1) == [("a", 1, 1, "c", 0)]
+        finally:
+            store.close()

@@ -9,6 +9,7 @@ to domain events. Split points cover every event of the log."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from projections.capacity import CapacityProjection
 from projections.delivery import DeliveryProjection
 from projections.hosting import build_projections
 from projections.ports import ViewStore
+from tests.contract.test_view_store import CassandraKeyspace
 from tests.integration.conftest import FakeClock, Harness
 
 T = "acme"
@@ -192,3 +194,21 @@ class TestMemoryViewsReplay(ProjectionReplayContract):
     @classmethod
     def make(cls, path: Path) -> ViewStore:
         return MemoryViews()
+
+
+class TestCassandraViewsReplay(ProjectionReplayContract):
+    """On the running Cassandra: one keyspace for the class, emptied for each store
+    (the reference is built, and snapshotted, before any split point's store)."""
+
+    keyspace: CassandraKeyspace
+
+    @pytest.fixture(scope="class", autouse=True)
+    @classmethod
+    def _keyspace(cls, engines: dict[str, str]) -> Iterator[None]:
+        cls.keyspace = CassandraKeyspace(engines["FANOUT_VIEWS"])
+        yield
+        cls.keyspace.close()
+
+    @classmethod
+    def make(cls, path: Path) -> ViewStore:
+        return cls.keyspace.views()

@@ -13,11 +13,15 @@ from typing import Any
 
 import pytest
 
+from adapters.cassandra_mailbox import MAILBOX_TABLE, CassandraMailbox
+from adapters.cassandra_views import TABLES, CassandraViews, create_schema, open_cluster
 from adapters.memory import MemoryViews
 from fanout.bootstrap import open_views
+from fanout.urls import cassandra_settings
 from projections.ports import MessageRefs, ViewStore
 from projections.sharding import shard_of
 from projections.state import SessionHead, SessionState, UserConversationState, session_item, sessions_by_two_reads
+from tests.engines import drop_keyspace, unique, with_path
 
 T = "acme"
 
@@ -282,14 +286,163 @@ class ViewStoreContract:
         assert views.messages("other", "c", 0, 10) == []
 
 
+class PartitionedLogContract:
+    """Stores built with partitions=2 (a log of two Kafka partitions): the mailbox is
+    served up to the low watermark, the position every partition has committed."""
+
+    def make_partitioned(self, path: Path) -> ViewStore:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def views2(self, tmp_path: Path) -> Iterator[Any]:
+        v = self.make_partitioned(tmp_path)
+        yield v
+        v.close()
+
+    def test_the_mailbox_is_served_only_up_to_the_position_every_partition_committed(self, views2: Any) -> None:
+        with views2.unit_of_work() as w:
+            w.track("delivery", 5, partition=0)
+        with views2.unit_of_work() as w:  # partition 1 commits ahead of partition 0
+            w.put_mailbox(T, refs("c", 10, 1, ["a"]))
+            w.track("delivery", 10, partition=1)
+        assert views2.position("delivery", 1) == 10 and views2.low_watermark("delivery") == 5
+        assert views2.mailbox_page(T, "a", 0, 10) == []  # partition 0 may still write below 10
+        with views2.unit_of_work() as w:
+            w.track("delivery", 9, partition=0)
+        assert views2.mailbox_page(T, "a", 0, 10) == []
+        with views2.unit_of_work() as w:
+            w.track("delivery", 12, partition=0)
+        assert views2.low_watermark("delivery") == 10
+        assert [e[1] for e in views2.mailbox_page(T, "a", 0, 10)] == [10]
+
+    def test_a_partition_never_tracked_holds_the_low_watermark_at_zero(self, views2: Any) -> None:
+        with views2.unit_of_work() as w:
+            w.put_mailbox(T, refs("c", 3, 1, ["a"]))
+            w.track("delivery", 3, partition=0)
+        assert views2.low_watermark("delivery") == 0 and views2.mailbox_page(T, "a", 0, 10) == []
+
+
 class TestSqliteViews(ViewStoreContract):
     def make(self, path: Path) -> ViewStore:
         return open_views(path, 16)  # with the RocksDB mailbox, as bootstrap opens them
 
 
-class TestMemoryViews(ViewStoreContract):
+class TestMemoryViews(ViewStoreContract, PartitionedLogContract):
     def make(self, path: Path) -> ViewStore:
         return MemoryViews()
+
+    def make_partitioned(self, path: Path) -> ViewStore:
+        return MemoryViews(partitions=2)
+
+
+# -- Cassandra: one keyspace per test class, emptied before each store is made ------------
+
+
+class CassandraKeyspace:
+    """A keyspace on the running Cassandra with the views' and the mailbox's tables, and
+    one session the stores of a test class share (keyspace creation costs seconds; a
+    store made for a test starts from empty tables)."""
+
+    def __init__(self, base_url: str, tables: tuple[str, ...] = (*TABLES, MAILBOX_TABLE)) -> None:
+        self.url = with_path(base_url, unique("t"))
+        c = cassandra_settings(self.url)
+        self.settings = c
+        self.cluster, self.session = open_cluster(c.hosts, c.port, c.datacenter, c.consistency)
+        create_schema(self.session, c.keyspace, c.replication, c.datacenter, list(tables))
+        self.keyspace = c.keyspace
+        rows = self.session.execute(
+            "SELECT table_name, column_name, kind FROM system_schema.columns WHERE keyspace_name=%s", (c.keyspace,)
+        )
+        self.partition_keys: dict[str, list[str]] = {}
+        for r in rows:
+            if r["kind"] == "partition_key":
+                self.partition_keys.setdefault(r["table_name"], []).append(r["column_name"])
+
+    def clear(self) -> None:
+        """Delete every partition of every table (a few rows: faster than TRUNCATE)."""
+        from cassandra.concurrent import execute_concurrent
+
+        statements = []
+        for table, keys in self.partition_keys.items():
+            cols = ", ".join(keys)
+            delete = self.session.prepare(
+                f"DELETE FROM {self.keyspace}.{table} WHERE " + " AND ".join(f"{k}=?" for k in keys)
+            )
+            for r in self.session.execute(f"SELECT DISTINCT {cols} FROM {self.keyspace}.{table}"):
+                statements.append((delete, tuple(r[k] for k in keys)))
+        execute_concurrent(self.session, statements, concurrency=100, raise_on_first_error=True)
+
+    def mailbox(self, *, clear: bool = False) -> CassandraMailbox:
+        if clear:
+            self.clear()
+        return CassandraMailbox(self.session, self.keyspace)
+
+    def views(self, partitions: int = 1) -> CassandraViews:
+        self.clear()
+        return CassandraViews(self.session, self.keyspace, self.mailbox(), partitions=partitions)
+
+    def close(self) -> None:
+        self.cluster.shutdown()
+        drop_keyspace(self.url)
+
+
+@pytest.fixture(scope="class")
+def cassandra_keyspace(engines: dict[str, str]) -> Iterator[CassandraKeyspace]:
+    ks = CassandraKeyspace(engines["FANOUT_VIEWS"])
+    yield ks
+    ks.close()
+
+
+class TestCassandraViews(ViewStoreContract, PartitionedLogContract):
+    @pytest.fixture(autouse=True)
+    def _keyspace(self, cassandra_keyspace: CassandraKeyspace) -> None:
+        self.ks = cassandra_keyspace
+
+    def make(self, path: Path) -> ViewStore:
+        return self.ks.views()
+
+    def make_partitioned(self, path: Path) -> ViewStore:
+        return self.ks.views(partitions=2)
+
+    def test_a_store_opened_from_the_url_creates_its_schema_twice_harmlessly_and_closes(
+        self, fresh_cassandra: str
+    ) -> None:
+        c = cassandra_settings(fresh_cassandra)
+        stores = [
+            CassandraViews.from_settings(c, CassandraMailbox.from_settings(c), partitions=3) for _ in range(2)
+        ]  # two openers racing on one keyspace: the second finds everything created
+        try:
+            with stores[0].unit_of_work() as w:
+                w.put_head(T, "c", head("c", 1))
+                w.put_mailbox(T, refs("c", 4, 1, ["a"]))
+                for p in range(3):
+                    w.track("delivery", 4, partition=p)
+            assert stores[1].head(T, "c") is not None and stores[1].low_watermark("delivery") == 4
+            assert [e[1] for e in stores[1].mailbox_page(T, "a", 0, 10)] == [4]
+        finally:
+            for s in stores:
+                s.close()
+
+    def test_a_process_using_the_store_exits_promptly(self, fresh_cassandra: str) -> None:
+        """close() shuts the cluster down and no reactor thread keeps the process alive."""
+        import subprocess
+        import sys
+        import time
+
+        code = (
+            "from adapters.cassandra_mailbox import CassandraMailbox\n"
+            "from adapters.cassandra_views import CassandraViews\n"
+            "from fanout.urls import cassandra_settings\n"
+            f"c = cassandra_settings({fresh_cassandra!r})\n"
+            "v = CassandraViews.from_settings(c, CassandraMailbox.from_settings(c))\n"
+            "assert v.position('delivery') == 0\n"
+            "v.close()\n"
+        )
+        root = Path(__file__).resolve().parents[2]
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-c", code], cwd=root, timeout=60, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        assert time.monotonic() - started < 20
 
 
 def test_views_written_before_the_adr_column_names_are_migrated_in_place(tmp_path: Path) -> None:

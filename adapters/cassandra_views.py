@@ -1,0 +1,703 @@
+"""Cassandra backend of the read side (the views of the distributed runtime): a
+ViewStore whose unit of work buffers its writes and executes them, at the end of the
+block, in an order that makes a crash part-way harmless (ADR-0012): mailbox entries,
+messages, delivery records, member states (conversation-keyed and user-keyed copies),
+reviews / tiers / capacity, THEN the heads (with the position of the last event applied
+to each conversation), THEN the tracking positions. Cassandra has no transaction
+across partitions: a crash can leave everything but heads and tracking written, and
+the projections are idempotent for that (tests/contract/test_projection_replay.py).
+
+Every read is one partition (or a bounded set of partitions read concurrently); no
+join. Layout, keys, consistency and numbers: docs/adr/0014-cassandra-data-model.md.
+The mailbox store is given to the constructor (the composition root picks it)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import fields
+from typing import Any
+
+from cassandra import ConsistencyLevel
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
+from cassandra.concurrent import execute_concurrent, execute_concurrent_with_args
+from cassandra.io.asyncioreactor import AsyncioConnection
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.query import BatchStatement, BatchType, PreparedStatement, dict_factory
+
+from projections.ports import ALL_PARTS, MailboxEntry, MailboxStore, MessageRefs
+from projections.state import Session as LoginSession
+from projections.state import SessionHead, UserConversationState, sessions_by_two_reads
+
+BATCH_ROWS = 100  # rows per UNLOGGED batch
+IN_FLIGHT = 200  # requests in the air at once
+TIMEOUT = 30.0  # seconds per request
+
+STATE_COLUMNS = tuple(f.name for f in fields(UserConversationState))  # UserConversationState.row() order
+HEAD_COLUMNS = (
+    "aggregate_id",
+    "title",
+    "latest_conversation_seq",
+    "last_activity_id",
+    "last_activity_at",
+    "preview",
+    "member_count",
+    "size_bucket",
+    "write_policy",
+    "broadcasts",
+    "created_at",
+    "position",
+)
+_STATE_TYPES = """read_conversation_seq bigint, joined_seq bigint, last_active double,
+    delivered_conversation_seq bigint, skipping int, gap_end bigint, rebuilt_seq bigint,
+    mention_seqs text, broadcast_base bigint"""
+
+TABLES = [
+    """CREATE TABLE IF NOT EXISTS {ks}.tracking (projection text, partition int, position bigint,
+    PRIMARY KEY ((projection), partition)) WITH ID = {id}""",
+    """CREATE TABLE IF NOT EXISTS {ks}.heads (tenant text, conversation_id text, aggregate_id text, title text,
+    latest_conversation_seq bigint, last_activity_id text, last_activity_at double, preview text,
+    member_count bigint, size_bucket text, write_policy text, broadcasts bigint, created_at double, position bigint,
+    PRIMARY KEY ((tenant, conversation_id))) WITH ID = {id}""",
+    """CREATE TABLE IF NOT EXISTS {ks}.heads_by_aggregate (aggregate_id text, tenant text, conversation_id text,
+    PRIMARY KEY (aggregate_id)) WITH ID = {id}""",
+    """CREATE TABLE IF NOT EXISTS {ks}.heads_by_tenant (tenant text, conversation_id text, size_bucket text,
+    PRIMARY KEY ((tenant), conversation_id)) WITH ID = {id}""",
+    """CREATE TABLE IF NOT EXISTS {ks}.messages (tenant text, conversation_id text, conversation_seq bigint,
+    message_id text, sender text, text text, mentions text, mention_all boolean, reply_to_seq bigint,
+    announcement boolean, sent_at double, pos bigint,
+    PRIMARY KEY ((tenant, conversation_id), conversation_seq)) WITH ID = {id}""",
+    """CREATE TABLE IF NOT EXISTS {ks}.broadcasts (tenant text, conversation_id text, conversation_seq bigint,
+    PRIMARY KEY ((tenant, conversation_id), conversation_seq)) WITH ID = {id}""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.conversation_states (tenant text, conversation_id text, user_id text,
+    {_STATE_TYPES}, PRIMARY KEY ((tenant, conversation_id), user_id)) WITH ID = {{id}}""",
+    f"""CREATE TABLE IF NOT EXISTS {{ks}}.user_states (tenant text, user_id text, conversation_id text,
+    {_STATE_TYPES}, PRIMARY KEY ((tenant, user_id), conversation_id)) WITH ID = {{id}}""",
+    """CREATE TABLE IF NOT EXISTS {ks}.delivery (tenant text, conversation_id text, conversation_seq bigint,
+    message_id text, write_policy text, member_count bigint, mailbox_entries bigint, shards int, body_bytes bigint,
+    pos bigint, online_pushes bigint, materialized_at double,
+    PRIMARY KEY ((tenant, conversation_id), conversation_seq)) WITH ID = {id}""",
+    """CREATE TABLE IF NOT EXISTS {ks}.reviews (review_id text, tenant text, body text, written bigint,
+    PRIMARY KEY (review_id)) WITH ID = {id}""",
+    """CREATE TABLE IF NOT EXISTS {ks}.reviews_by_tenant (tenant text, review_id text, body text, written bigint,
+    PRIMARY KEY ((tenant), review_id)) WITH ID = {id}""",
+    """CREATE TABLE IF NOT EXISTS {ks}.tiers (tier_id text, body map<text, text>,
+    PRIMARY KEY (tier_id)) WITH ID = {id}""",
+    """CREATE TABLE IF NOT EXISTS {ks}.capacity (projection text, body text,
+    PRIMARY KEY (projection)) WITH ID = {id}""",
+]
+
+
+# -- connection and schema (the mailbox module has its own copy: adapters stand alone) -----
+
+
+def table_id(keyspace: str, table: str) -> uuid.UUID:
+    """A table id derived from its name: two processes creating the same table at once
+    (CREATE ... IF NOT EXISTS on two coordinators) create the same table, not two."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"fanout/{keyspace}/{table}")
+
+
+def open_cluster(hosts: Iterable[str], port: int, datacenter: str, consistency: str) -> tuple[Cluster, Session]:
+    """Protocol 5, token-aware routing over the local datacenter, the settings'
+    consistency for reads and writes, rows as dicts, the asyncio reactor (libev's
+    event-loop thread can keep a process from exiting)."""
+    profile = ExecutionProfile(
+        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=datacenter)),
+        consistency_level=ConsistencyLevel.name_to_value[consistency],
+        request_timeout=TIMEOUT,
+        row_factory=dict_factory,
+    )
+    cluster = Cluster(
+        list(hosts),
+        port=port,
+        protocol_version=5,
+        execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+        connection_class=AsyncioConnection,
+    )
+    try:
+        return cluster, cluster.connect()
+    except BaseException:
+        cluster.shutdown()
+        raise
+
+
+def create_schema(session: Session, keyspace: str, replication: int, datacenter: str, tables: list[str]) -> None:
+    """The keyspace and tables if absent (idempotent, harmless when two processes race:
+    IF NOT EXISTS and name-derived table ids); waits for schema agreement."""
+    if replication > 1:
+        strategy = f"{{'class': 'NetworkTopologyStrategy', '{datacenter}': {replication}}}"
+    else:
+        strategy = f"{{'class': 'SimpleStrategy', 'replication_factor': {replication}}}"
+    session.execute(f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {strategy}", timeout=120)
+    for ddl in tables:
+        name = ddl.split("(", 1)[0].split()[-1].split(".")[-1]
+        session.execute(ddl.format(ks=keyspace, id=table_id(keyspace, name)), timeout=120)
+    # Session.wait_for_schema_agreement reads schema_version as an attribute: with rows
+    # as dicts it never agrees (scylla-driver 3.29); the control connection's check works.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        agreed = session.cluster.control_connection.wait_for_schema_agreement(wait_time=60)
+    if not agreed:
+        raise RuntimeError(f"Cassandra: no schema agreement on keyspace {keyspace} within 60 s")
+
+
+def run(session: Session, statements: Iterable[tuple[Any, Any]]) -> None:
+    """Execute with at most IN_FLIGHT requests in the air; the first error raises."""
+    execute_concurrent(session, statements, concurrency=IN_FLIGHT, raise_on_first_error=True)
+
+
+def _batches(stmts: Iterable[tuple[PreparedStatement, tuple[Any, ...]]]) -> Iterator[tuple[BatchStatement, None]]:
+    """UNLOGGED batches of BATCH_ROWS statements (grouped writes, not one round trip each)."""
+    batch, n = BatchStatement(batch_type=BatchType.UNLOGGED), 0
+    for stmt, args in stmts:
+        batch.add(stmt, args)
+        n += 1
+        if n == BATCH_ROWS:
+            yield batch, None
+            batch, n = BatchStatement(batch_type=BatchType.UNLOGGED), 0
+    if n:
+        yield batch, None
+
+
+# -- the unit of work ---------------------------------------------------------------
+
+
+class CassandraWriter:
+    """The ViewWriter of one unit of work: every write is buffered (the last one per key
+    wins, as it would in order), executed by the store when the block exits cleanly."""
+
+    def __init__(self, parts: frozenset[str], partition: int) -> None:
+        self.parts = parts
+        self.partition = partition
+        self.mailbox: list[tuple[str, MessageRefs]] = []
+        self.mailbox_entries = 0
+        self.positions: dict[tuple[str, int], int] = {}
+        self.heads: dict[tuple[str, str], dict[str, Any]] = {}
+        self.messages: dict[tuple[str, str, int], dict[str, Any]] = {}
+        self.deliveries: dict[tuple[str, str, int], dict[str, Any]] = {}
+        # (tenant, conversation_id, user_id) -> ("put", state) | ("gap", (delivered, skipping, gap_end)) | ("delete", None)
+        self.states: dict[tuple[str, str, str], tuple[str, Any]] = {}
+        self.reviews: dict[str, dict[str, Any]] = {}
+        self.tiers: dict[str, dict[str, Any]] = {}
+        self.capacity: dict[str, dict[str, Any]] = {}
+
+    def track(self, projection: str, position: int, partition: int = 0) -> None:
+        self.positions[(projection, partition)] = position
+
+    def put_capacity(self, name: str, body: dict[str, Any]) -> None:
+        self.capacity[name] = _json(body)
+
+    def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any]) -> None:
+        if "heads" in self.parts:
+            self.heads[(tenant, conversation_id)] = copy.deepcopy(head)
+
+    def put_message(self, tenant: str, conversation_id: str, message: dict[str, Any]) -> None:
+        if "heads" in self.parts:
+            self.messages[(tenant, conversation_id, message["conversation_seq"])] = copy.deepcopy(message)
+
+    def put_mailbox(self, tenant: str, refs: MessageRefs) -> None:
+        if "mailbox" not in self.parts or not refs.shards:
+            return
+        self.mailbox.append((tenant, refs))
+        self.mailbox_entries += sum(len(b) for b in refs.shards.values())
+
+    def put_states(
+        self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]
+    ) -> None:
+        if "state" in self.parts:
+            for u, s in states:
+                self.states[(tenant, conversation_id, u)] = ("put", copy.deepcopy(s))
+
+    def put_gaps(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]) -> None:
+        if "state" not in self.parts:
+            return
+        for u, s in states:
+            key = (tenant, conversation_id, u)
+            queued = self.states.get(key)
+            if queued is not None and queued[0] == "put":  # a row written in this unit: update it here
+                row = queued[1]
+                row.delivered_conversation_seq, row.skipping, row.gap_end = (
+                    s.delivered_conversation_seq,
+                    s.skipping,
+                    s.gap_end,
+                )
+            elif queued is None or queued[0] == "gap":
+                self.states[key] = ("gap", (s.delivered_conversation_seq, int(s.skipping), s.gap_end))
+            # a row deleted in this unit stays deleted (a gap update touches existing rows only)
+
+    def delete_state(self, tenant: str, conversation_id: str, user_id: str) -> None:
+        if "state" in self.parts:
+            self.states[(tenant, conversation_id, user_id)] = ("delete", None)
+
+    def put_delivery(self, tenant: str, conversation_id: str, seq: int, record: dict[str, Any]) -> None:
+        if "heads" in self.parts:
+            self.deliveries[(tenant, conversation_id, seq)] = dict(record)
+
+    def put_review(self, review: dict[str, Any]) -> None:
+        if "heads" in self.parts:
+            r = _json(review)
+            self.reviews.pop(r["review_id"], None)  # the one written last goes last
+            self.reviews[r["review_id"]] = r
+
+    def put_tier(self, tier: dict[str, Any]) -> None:
+        if "heads" in self.parts:
+            t = _json(tier)
+            self.tiers.setdefault(t["tier_id"], {}).update(t)
+
+
+class CassandraViews:
+    """A ViewStore on Cassandra (plus the mailbox store it is given)."""
+
+    def __init__(
+        self,
+        session: Session,
+        keyspace: str,
+        mailbox: MailboxStore,
+        *,
+        partitions: int = 1,
+        cluster: Cluster | None = None,
+    ) -> None:
+        """`session`: a connected session whose keyspace has the tables (`connect` makes
+        both); `partitions`: the log's partition count (the low watermark is the minimum
+        over them); `cluster`: shut down by close() when this store opened it."""
+        self.session = session
+        self.keyspace = keyspace
+        self.mailbox: MailboxStore = mailbox
+        self.partitions = partitions
+        self._cluster = cluster
+        self._lock = threading.Lock()  # one unit of work at a time; record_pushes' read-modify-write
+        self._written = 0  # the last review write stamp (reviews are listed in write order)
+        ks = keyspace
+        p = session.prepare
+        state_cols = ", ".join(STATE_COLUMNS)
+        state_marks = ", ".join("?" * len(STATE_COLUMNS))
+        self._w: dict[str, PreparedStatement] = {
+            "track": p(f"INSERT INTO {ks}.tracking (projection, partition, position) VALUES (?, ?, ?)"),
+            "head": p(
+                f"INSERT INTO {ks}.heads (tenant, conversation_id, {', '.join(HEAD_COLUMNS)}) "
+                f"VALUES (?, ?, {', '.join('?' * len(HEAD_COLUMNS))})"
+            ),
+            "by_aggregate": p(
+                f"INSERT INTO {ks}.heads_by_aggregate (aggregate_id, tenant, conversation_id) VALUES (?, ?, ?)"
+            ),
+            "by_tenant": p(f"INSERT INTO {ks}.heads_by_tenant (tenant, conversation_id, size_bucket) VALUES (?, ?, ?)"),
+            "message": p(
+                f"INSERT INTO {ks}.messages (tenant, conversation_id, conversation_seq, message_id, sender, text, "
+                "mentions, mention_all, reply_to_seq, announcement, sent_at, pos) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            ),
+            "broadcast": p(f"INSERT INTO {ks}.broadcasts (tenant, conversation_id, conversation_seq) VALUES (?, ?, ?)"),
+            "delivery": p(
+                f"INSERT INTO {ks}.delivery (tenant, conversation_id, conversation_seq, message_id, write_policy, "
+                "member_count, mailbox_entries, shards, body_bytes, pos, online_pushes, materialized_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, null, ?)"
+            ),
+            "conv_state": p(
+                f"INSERT INTO {ks}.conversation_states (tenant, conversation_id, user_id, {state_cols}) "
+                f"VALUES (?, ?, ?, {state_marks})"
+            ),
+            "user_state": p(
+                f"INSERT INTO {ks}.user_states (tenant, user_id, conversation_id, {state_cols}) VALUES (?, ?, ?, {state_marks})"
+            ),
+            "conv_gap": p(
+                f"UPDATE {ks}.conversation_states SET delivered_conversation_seq=?, skipping=?, gap_end=? "
+                "WHERE tenant=? AND conversation_id=? AND user_id=?"
+            ),
+            "user_gap": p(
+                f"UPDATE {ks}.user_states SET delivered_conversation_seq=?, skipping=?, gap_end=? "
+                "WHERE tenant=? AND user_id=? AND conversation_id=?"
+            ),
+            "conv_delete": p(
+                f"DELETE FROM {ks}.conversation_states WHERE tenant=? AND conversation_id=? AND user_id=?"
+            ),
+            "user_delete": p(f"DELETE FROM {ks}.user_states WHERE tenant=? AND user_id=? AND conversation_id=?"),
+            "review": p(f"INSERT INTO {ks}.reviews (review_id, tenant, body, written) VALUES (?, ?, ?, ?)"),
+            "review_by_tenant": p(
+                f"INSERT INTO {ks}.reviews_by_tenant (tenant, review_id, body, written) VALUES (?, ?, ?, ?)"
+            ),
+            "tier": p(f"UPDATE {ks}.tiers SET body = body + ? WHERE tier_id = ?"),
+            "capacity": p(f"INSERT INTO {ks}.capacity (projection, body) VALUES (?, ?)"),
+            "pushes": p(
+                f"UPDATE {ks}.delivery SET online_pushes=? WHERE tenant=? AND conversation_id=? AND conversation_seq=?"
+            ),
+        }
+        self._r: dict[str, PreparedStatement] = {
+            "position": p(f"SELECT position FROM {ks}.tracking WHERE projection=? AND partition=?"),
+            "projection": p(f"SELECT partition, position FROM {ks}.tracking WHERE projection=?"),
+            "head": p(f"SELECT * FROM {ks}.heads WHERE tenant=? AND conversation_id=?"),
+            "session_head": p(
+                f"SELECT {', '.join(SessionHead._fields)} FROM {ks}.heads WHERE tenant=? AND conversation_id=?"
+            ),
+            "by_aggregate": p(f"SELECT tenant, conversation_id FROM {ks}.heads_by_aggregate WHERE aggregate_id=?"),
+            "by_tenant": p(f"SELECT conversation_id, size_bucket FROM {ks}.heads_by_tenant WHERE tenant=?"),
+            "conv_states": p(f"SELECT * FROM {ks}.conversation_states WHERE tenant=? AND conversation_id=?"),
+            "last_active": p(f"SELECT last_active FROM {ks}.conversation_states WHERE tenant=? AND conversation_id=?"),
+            "broadcasts": p(f"SELECT conversation_seq FROM {ks}.broadcasts WHERE tenant=? AND conversation_id=?"),
+            "state": p(f"SELECT * FROM {ks}.user_states WHERE tenant=? AND user_id=? AND conversation_id=?"),
+            "user_states": p(f"SELECT * FROM {ks}.user_states WHERE tenant=? AND user_id=?"),
+            "message": p(f"SELECT * FROM {ks}.messages WHERE tenant=? AND conversation_id=? AND conversation_seq=?"),
+            "messages": p(
+                f"SELECT * FROM {ks}.messages WHERE tenant=? AND conversation_id=? AND conversation_seq>? LIMIT ?"
+            ),
+            "delivery": p(f"SELECT * FROM {ks}.delivery WHERE tenant=? AND conversation_id=? AND conversation_seq=?"),
+            "review": p(f"SELECT body FROM {ks}.reviews WHERE review_id=?"),
+            "reviews": p(f"SELECT body, written FROM {ks}.reviews_by_tenant WHERE tenant=?"),
+            "tier": p(f"SELECT body FROM {ks}.tiers WHERE tier_id=?"),
+            "capacity": p(f"SELECT body FROM {ks}.capacity WHERE projection=?"),
+        }
+
+    @classmethod
+    def connect(
+        cls,
+        hosts: Iterable[str],
+        port: int,
+        keyspace: str,
+        mailbox: MailboxStore,
+        *,
+        replication: int = 1,
+        consistency: str = "LOCAL_ONE",
+        datacenter: str = "datacenter1",
+        partitions: int = 1,
+    ) -> CassandraViews:
+        """Open a cluster, create the keyspace and the tables if absent."""
+        cluster, session = open_cluster(hosts, port, datacenter, consistency)
+        try:
+            create_schema(session, keyspace, replication, datacenter, TABLES)
+            return cls(session, keyspace, mailbox, partitions=partitions, cluster=cluster)
+        except BaseException:
+            cluster.shutdown()
+            raise
+
+    @classmethod
+    def from_settings(cls, settings: Any, mailbox: MailboxStore, *, partitions: int = 1) -> CassandraViews:
+        """From an object with hosts, port, keyspace, replication, consistency, datacenter
+        (fanout.urls.CassandraSettings); `partitions`: the Kafka topic's partition count."""
+        return cls.connect(
+            settings.hosts,
+            settings.port,
+            settings.keyspace,
+            mailbox,
+            replication=settings.replication,
+            consistency=settings.consistency,
+            datacenter=settings.datacenter,
+            partitions=partitions,
+        )
+
+    # -- writing ---------------------------------------------------------------------
+
+    @contextmanager
+    def unit_of_work(
+        self, parts: frozenset[str] = ALL_PARTS, *, now: float | None = None, partition: int = 0
+    ) -> Iterator[CassandraWriter]:
+        """Writes in the block are executed when it exits without an exception (an
+        exception writes nothing), in the crash-safe order of the module docstring."""
+        with self._lock:
+            w = CassandraWriter(parts, partition)
+            yield w
+            self._commit(w, now if now is not None else time.time())
+
+    def _commit(self, w: CassandraWriter, at: float) -> None:
+        s, ps = self.session, self._w
+        # 1. mailbox entries (idempotent upserts, grouped UNLOGGED batches)
+        for tenant, refs in w.mailbox:
+            self.mailbox.write(tenant, refs)
+        if w.mailbox:
+            self.mailbox.flush()
+        # 2. messages (and the broadcast index the working set loads)
+        stmts: list[tuple[Any, Any]] = []
+        for (tenant, cid, seq), m in w.messages.items():
+            stmts.append(
+                (
+                    ps["message"],
+                    (
+                        tenant,
+                        cid,
+                        seq,
+                        m["message_id"],
+                        m["sender"],
+                        m["text"],
+                        json.dumps(m["mentions"]),
+                        bool(m["mention_all"]),
+                        m["reply_to_seq"],
+                        bool(m["announcement"]),
+                        m["sent_at"],
+                        m["pos"],
+                    ),
+                )
+            )
+            if m["mention_all"] or m["announcement"]:
+                stmts.append((ps["broadcast"], (tenant, cid, seq)))
+        run(s, stmts)
+        # 3. delivery records, materialized now
+        run(
+            s,
+            [
+                (
+                    ps["delivery"],
+                    (
+                        t,
+                        c,
+                        q,
+                        r["message_id"],
+                        r["write_policy"],
+                        r["member_count"],
+                        r["mailbox_entries"],
+                        r["shards"],
+                        r["body_bytes"],
+                        r["pos"],
+                        at,
+                    ),
+                )
+                for (t, c, q), r in w.deliveries.items()
+            ],
+        )
+        # 4. member states: the conversation-keyed copy (single-partition batches) and the user-keyed one
+        self._write_states(w.states)
+        # 5. reviews, tiers, capacity
+        stmts = []
+        for r in w.reviews.values():
+            text, written = json.dumps(r), self._stamp()
+            stmts.append((ps["review"], (r["review_id"], r["tenant"], text, written)))
+            stmts.append((ps["review_by_tenant"], (r["tenant"], r["review_id"], text, written)))
+        for tier_id, t in w.tiers.items():
+            stmts.append((ps["tier"], ({k: json.dumps(v) for k, v in t.items()}, tier_id)))
+        for name, body in w.capacity.items():
+            stmts.append((ps["capacity"], (name, json.dumps(body))))
+        run(s, stmts)
+        # 6. heads: their lookups first (a head found means its aggregate resolves), then the heads
+        run(
+            s,
+            [(ps["by_aggregate"], (str(h["aggregate_id"]), t, c)) for (t, c), h in w.heads.items()]
+            + [(ps["by_tenant"], (t, c, h["size_bucket"])) for (t, c), h in w.heads.items()],
+        )
+        run(s, [(ps["head"], (t, c, *(_head_value(h, k) for k in HEAD_COLUMNS))) for (t, c), h in w.heads.items()])
+        # 7. tracking, last
+        run(s, [(ps["track"], (name, partition, pos)) for (name, partition), pos in w.positions.items()])
+
+    def _write_states(self, states: dict[tuple[str, str, str], tuple[str, Any]]) -> None:
+        ps = self._w
+        conv: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
+        user: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
+        for (tenant, cid, u), (op, value) in sorted(states.items(), key=lambda kv: kv[0]):
+            if op == "put":
+                row = tuple(value.row().values())
+                conv.append((ps["conv_state"], (tenant, cid, u, *row)))
+                user.append((ps["user_state"], (tenant, u, cid, *row)))
+            elif op == "gap":
+                conv.append((ps["conv_gap"], (*value, tenant, cid, u)))
+                user.append((ps["user_gap"], (*value, tenant, u, cid)))
+            else:
+                conv.append((ps["conv_delete"], (tenant, cid, u)))
+                user.append((ps["user_delete"], (tenant, u, cid)))
+
+        def by_partition() -> Iterator[tuple[BatchStatement, None]]:
+            # conversation-keyed rows sorted by (tenant, conversation): one partition per batch
+            i = 0
+            while i < len(conv):
+                key = conv[i][1][:2]
+                j = i
+                while j < len(conv) and j - i < BATCH_ROWS and conv[j][1][:2] == key:
+                    j += 1
+                batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+                for stmt, args in conv[i:j]:
+                    batch.add(stmt, args)
+                yield batch, None
+                i = j
+
+        if conv:
+            run(self.session, by_partition())
+            run(self.session, _batches(user))
+
+    def _stamp(self) -> int:
+        """Increasing write stamps in microseconds: reviews list in the order written."""
+        self._written = max(time.time_ns() // 1000, self._written + 1)
+        return self._written
+
+    def record_pushes(self, tenant: str, conversation_id: str, seq: int, pushes: int) -> None:
+        with self._lock:
+            row = self.session.execute(self._r["delivery"], (tenant, conversation_id, seq)).one()
+            if row is not None:
+                total = (row["online_pushes"] or 0) + pushes
+                self.session.execute(self._w["pushes"], (total, tenant, conversation_id, seq))
+
+    def reopen_mailbox(self) -> None:
+        with self._lock:
+            self.mailbox.reopen()
+
+    def close(self) -> None:
+        self.mailbox.close()
+        if self._cluster is not None:
+            self._cluster.shutdown()
+            self._cluster = None
+
+    # -- tracking ----------------------------------------------------------------------
+
+    def position(self, projection: str, partition: int = 0) -> int:
+        row = self.session.execute(self._r["position"], (projection, partition)).one()
+        return int(row["position"]) if row else 0
+
+    def positions(self) -> dict[tuple[str, int], int]:
+        rows = self.session.execute(f"SELECT projection, partition, position FROM {self.keyspace}.tracking")
+        return {(r["projection"], r["partition"]): r["position"] for r in rows}
+
+    def low_watermark(self, projection: str) -> int:
+        """The position every partition 0..partitions-1 has applied (one partition read)."""
+        tracked = {
+            int(r["partition"]): int(r["position"]) for r in self.session.execute(self._r["projection"], (projection,))
+        }
+        return min(tracked.get(p, 0) for p in range(self.partitions))
+
+    # -- conversations -----------------------------------------------------------------
+
+    def conversation_key(self, aggregate_id: Any) -> tuple[str, str]:
+        row = self.session.execute(self._r["by_aggregate"], (str(aggregate_id),)).one()
+        if row is None:
+            raise LookupError(f"unknown conversation aggregate {aggregate_id}")
+        return row["tenant"], row["conversation_id"]
+
+    def head(self, tenant: str, conversation_id: str) -> dict[str, Any] | None:
+        row = self.session.execute(self._r["head"], (tenant, conversation_id)).one()
+        return dict(row) if row is not None else None
+
+    def heads(self, tenant: str, conversation_ids: Sequence[str], batch: int) -> Iterator[list[SessionHead]]:
+        """One batched read: the heads' partitions read concurrently (token-aware)."""
+        results = execute_concurrent_with_args(
+            self.session, self._r["session_head"], [(tenant, c) for c in conversation_ids], concurrency=IN_FLIGHT
+        )
+        rows: list[SessionHead] = []
+        for ok, result in results:
+            if not ok:
+                raise result
+            row = result.one()
+            if row is not None:
+                rows.append(SessionHead(*(row[f] for f in SessionHead._fields)))
+        rows.sort(key=lambda h: (-(h.last_activity_at or 0.0), h.conversation_id))
+        for i in range(0, len(rows), batch):
+            yield rows[i : i + batch]
+
+    def sessions(self, tenant: str, user_id: str, batch: int) -> Iterator[list[LoginSession]]:
+        return sessions_by_two_reads(self, tenant, user_id, batch)
+
+    def heads_by_scope(self, tenant: str, size_bucket: str) -> list[str]:
+        rows = self.session.execute(self._r["by_tenant"], (tenant,))
+        return [r["conversation_id"] for r in rows if r["size_bucket"] == size_bucket]
+
+    def tenants(self) -> list[str]:
+        rows = self.session.execute(f"SELECT DISTINCT tenant FROM {self.keyspace}.heads_by_tenant", timeout=300)
+        return sorted(r["tenant"] for r in rows)
+
+    def conversation_activity(self, tenant: str | None) -> Iterator[tuple[str, str, str, list[float]]]:
+        for t in [tenant] if tenant is not None else self.tenants():
+            for r in self.session.execute(self._r["by_tenant"], (t,)):
+                actives = [
+                    s["last_active"] for s in self.session.execute(self._r["last_active"], (t, r["conversation_id"]))
+                ]
+                yield t, r["conversation_id"], r["size_bucket"], actives
+
+    def load_conversation(
+        self, tenant: str, conversation_id: str
+    ) -> tuple[dict[str, Any] | None, dict[str, UserConversationState], list[int]]:
+        """The head, the conversation-keyed states partition, the broadcasts partition:
+        three partitions read concurrently."""
+        key = (tenant, conversation_id)
+        head_f = self.session.execute_async(self._r["head"], key)
+        states_f = self.session.execute_async(self._r["conv_states"], key)
+        casts_f = self.session.execute_async(self._r["broadcasts"], key)
+        head = head_f.result().one()
+        states = {r["user_id"]: UserConversationState.from_row(r) for r in states_f.result()}
+        broadcasts = [r["conversation_seq"] for r in casts_f.result()]
+        return (dict(head) if head is not None else None), states, broadcasts
+
+    # -- members -------------------------------------------------------------------------
+
+    def state(self, tenant: str, user_id: str, conversation_id: str) -> dict[str, Any] | None:
+        row = self.session.execute(self._r["state"], (tenant, user_id, conversation_id)).one()
+        if row is None:
+            return None
+        return {
+            "tenant": tenant,
+            "user_id": user_id,
+            "conversation_id": conversation_id,
+            **{c: row[c] for c in STATE_COLUMNS},
+        }
+
+    def user_states(self, tenant: str, user_id: str) -> Mapping[str, UserConversationState]:
+        """One partition (tenant, user)."""
+        return {
+            r["conversation_id"]: UserConversationState.from_row(r)
+            for r in self.session.execute(self._r["user_states"], (tenant, user_id))
+        }
+
+    # -- messages and delivery records ---------------------------------------------------
+
+    def message(self, tenant: str, conversation_id: str, seq: int) -> dict[str, Any] | None:
+        row = self.session.execute(self._r["message"], (tenant, conversation_id, seq)).one()
+        return _message(row) if row is not None else None
+
+    def messages(self, tenant: str, conversation_id: str, after_seq: int, limit: int) -> list[dict[str, Any]]:
+        if limit <= 0:
+            return []
+        return [
+            _message(r) for r in self.session.execute(self._r["messages"], (tenant, conversation_id, after_seq, limit))
+        ]
+
+    def delivery(self, tenant: str, conversation_id: str, seq: int) -> dict[str, Any] | None:
+        row = self.session.execute(self._r["delivery"], (tenant, conversation_id, seq)).one()
+        return dict(row) if row is not None else None
+
+    def mailbox_page(self, tenant: str, user_id: str, after: int, limit: int) -> list[MailboxEntry]:
+        """Entries up to the delivery projection's low watermark: partitions commit in
+        any order, and a cursor must never pass an entry another partition has yet to write."""
+        return self.mailbox.read(tenant, user_id, after, self.low_watermark("delivery"), limit)
+
+    # -- admin views -----------------------------------------------------------------------
+
+    def review(self, review_id: str) -> dict[str, Any]:
+        row = self.session.execute(self._r["review"], (review_id,)).one()
+        if row is None:
+            raise LookupError(review_id)
+        return dict(json.loads(row["body"]))
+
+    def reviews(self, tenant: str) -> list[dict[str, Any]]:
+        rows = sorted(self.session.execute(self._r["reviews"], (tenant,)), key=lambda r: r["written"])
+        return [json.loads(r["body"]) for r in rows]
+
+    def tier(self, tier_id: str) -> dict[str, Any] | None:
+        row = self.session.execute(self._r["tier"], (tier_id,)).one()
+        if row is None or not row["body"]:
+            return None
+        return {k: json.loads(v) for k, v in row["body"].items()}
+
+    def capacity_state(self, name: str) -> dict[str, Any] | None:
+        row = self.session.execute(self._r["capacity"], (name,)).one()
+        return dict(json.loads(row["body"])) if row is not None else None
+
+
+def _json(body: dict[str, Any]) -> dict[str, Any]:
+    """A JSON body as a store of JSON text gives it back (tuples become lists, keys strings)."""
+    return dict(json.loads(json.dumps(body)))
+
+
+def _head_value(head: dict[str, Any], column: str) -> Any:
+    value = head.get(column)
+    return str(value) if column == "aggregate_id" and value is not None else value
+
+
+def _message(r: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "conversation_id": r["conversation_id"],
+        "conversation_seq": r["conversation_seq"],
+        "message_id": r["message_id"],
+        "sender": r["sender"],
+        "text": r["text"],
+        "mentions": json.loads(r["mentions"]),
+        "mention_all": bool(r["mention_all"]),
+        "reply_to_seq": r["reply_to_seq"],
+        "announcement": bool(r["announcement"]),
+        "sent_at": r["sent_at"],
+    }
