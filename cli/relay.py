@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Kafka transactional id (default fanout-relay.<topic>: a second relay of the topic fences the first)",
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines (errors only)")
-    p.add_argument("--verbose", "-v", action="store_true", help="also librdkafka's own log lines")
+    p.add_argument("--verbose", "-v", action="store_true", help="also librdkafka's own log lines, and tracebacks")
 
 
 def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ()) -> argparse.ArgumentParser:
@@ -111,8 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     log = logging.getLogger("fanout.relay")
-    if args.quiet:
-        log.setLevel(logging.WARNING)
+    log.setLevel(logging.WARNING if args.quiet else logging.DEBUG if args.verbose else logging.INFO)
     # librdkafka's own lines (a broker down, retries) repeat every few seconds; the relay
     # reports what stops it in one line of its own.
     rdkafka = logging.getLogger("fanout.relay.rdkafka")
@@ -163,6 +162,9 @@ def _run(args: argparse.Namespace, rdkafka: logging.Logger) -> int:
         relay.run()
     except RelayError as exc:
         raise RelayCliError(str(exc), 1) from None
+    except Exception as exc:  # unexpected: one line; the traceback with --verbose
+        logging.getLogger("fanout.relay").debug("relay failed", exc_info=True)
+        raise RelayCliError(f"the relay failed: {type(exc).__name__}: {exc}", 1) from None
     finally:
         for s, h in previous.items():
             signal.signal(s, h)

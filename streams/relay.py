@@ -71,6 +71,14 @@ _FENCED_CODES = frozenset(
         KafkaError.TRANSACTION_COORDINATOR_FENCED,
     }
 )
+_NOT_READY = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._TIMED_OUT,
+    }
+)
 _END = object()
 Headers = list[tuple[str, str | bytes | None]]  # what Producer.produce takes
 
@@ -197,13 +205,12 @@ def _is_fenced(err: KafkaError | None) -> bool:
 def ensure_topic(bootstrap: str, topic: str, partitions: int, replication: int, timeout: float = 15.0) -> int:
     """Create the topic if missing (idempotent: a racing creator is harmless) and return its
     partition count as the cluster reports it (an existing topic keeps its own count)."""
-    admin = AdminClient(
-        {
-            "bootstrap.servers": bootstrap,
-            "socket.connection.setup.timeout.ms": int(timeout * 1000),
-            "logger": rdkafka_log,
-        }
-    )
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "socket.connection.setup.timeout.ms": int(timeout * 1000),
+        "logger": rdkafka_log,
+    }
+    admin = AdminClient(conf)
     new = NewTopic(
         topic,
         num_partitions=partitions,
@@ -228,7 +235,12 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, replication: int, 
         except KafkaException as exc:
             raise RelayError(f"Kafka at {bootstrap} did not answer: {exc}") from None
         t = md.topics.get(topic)
-        if t is not None and t.error is None and t.partitions:
+        if (
+            t is not None
+            and t.error is None
+            and t.partitions
+            and all(pm.error is None and pm.leader >= 0 for pm in t.partitions.values())
+        ):
             found = len(t.partitions)
             if found != partitions:
                 log.warning("topic %s has %d partitions (asked for %d): using %d", topic, found, partitions, found)
@@ -275,7 +287,10 @@ def relayed_position(bootstrap: str, topic: str, *, timeout: float = 30.0, windo
         t = md.topics.get(topic)
         if t is None or t.error is not None or not t.partitions:
             return 0
-        found = _last_positions(consumer, topic, sorted(t.partitions), timeout, window)
+        try:
+            found = _last_positions(consumer, topic, sorted(t.partitions), timeout, window)
+        except KafkaException as exc:
+            raise RelayError(f"reading the end of {topic} at {bootstrap}: {exc}") from None
         return max(found.values(), default=0)
     finally:
         consumer.close()
@@ -287,10 +302,15 @@ def _last_positions(
     deadline = time.monotonic() + timeout
     bounds: dict[int, tuple[int, int]] = {}
     for p in partitions:
-        try:
-            lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=max(1.0, timeout / 2))
-        except KafkaException as exc:
-            raise RelayError(f"cannot read the offsets of {topic}[{p}]: {exc}") from None
+        while True:  # a new topic's partitions may have no leader yet (NOT_LEADER_FOR_PARTITION)
+            try:
+                lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=max(1.0, timeout / 4))
+                break
+            except KafkaException as exc:
+                err = _kafka_error(exc)
+                if err is None or not (err.retriable() or err.code() in _NOT_READY) or time.monotonic() > deadline:
+                    raise RelayError(f"cannot read the offsets of {topic}[{p}]: {exc}") from None
+                time.sleep(0.2)
         if hi > lo:
             bounds[p] = (lo, hi)
     result: dict[int, int] = {}
@@ -570,26 +590,30 @@ class Relay:
                 break
             except KafkaException as exc:
                 err = _kafka_error(exc)
-                if _is_fenced(err):
-                    raise RelayFenced(
-                        f"fenced: another relay took over transactional id {self.transactional_id!r} "
-                        f"(this one stops at position {self.stats.position}): {err}"
-                    ) from None
-                if err is not None and err.txn_requires_abort() and attempt < 5:
-                    log.warning("relay: transaction aborted (%s); retrying %d events", err, len(records))
-                    self.stats.aborted += 1
+                if err is None or _is_fenced(err) or not err.txn_requires_abort() or attempt >= 5:
+                    raise self._failure(exc, notes) from None
+                log.warning("relay: transaction aborted (%s); retrying %d events", err, len(records))
+                self.stats.aborted += 1
+                try:
                     p.abort_transaction(self.transaction_timeout)
-                    time.sleep(0.2 * attempt)
-                    continue
-                raise RelayError(
-                    f"Kafka refused a transaction of positions {notes[0].id}..{last}: {err or exc}"
-                ) from None
+                except KafkaException as again:
+                    raise self._failure(again, notes) from None
+                time.sleep(0.2 * attempt)
         p.poll(0)
         self.stats.position = last
         self.stats.events += len(records)
         self.stats.transactions += 1
         if self.on_committed is not None:
             self.on_committed(last)
+
+    def _failure(self, exc: KafkaException, notes: Sequence[Notification]) -> RelayError:
+        err = _kafka_error(exc)
+        if _is_fenced(err):
+            return RelayFenced(
+                f"fenced: another relay took over transactional id {self.transactional_id!r} "
+                f"(this one stops at position {self.stats.position}): {err}"
+            )
+        return RelayError(f"Kafka refused the transaction of positions {notes[0].id}..{notes[-1].id}: {err or exc}")
 
     def _produce(
         self, p: Producer, *, value: bytes, headers: Headers, key: str | None = None, partition: int = -1
