@@ -348,6 +348,10 @@ def _last_positions(
             if p in found or starts[p] <= pending[p][0]:
                 result[p] = found.get(p, 0)
                 del pending[p]
+        if pending:
+            log.debug(
+                "no committed record in the last %d of %s %s: reading further back", window, topic, sorted(pending)
+            )
         window *= 8
     consumer.unassign()
     return result

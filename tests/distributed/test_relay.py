@@ -488,3 +488,54 @@ def test_the_subscription_start_window_is_closed(store: tuple[str, dict[str, str
         check_exactly_once(read_topic(kafka), store_positions(url), kafka.partitions)
     finally:
         w.close()
+
+
+# -- e. a transaction left open by a killed relay, larger than the position window ------------------
+
+
+def test_an_abandoned_transaction_is_aborted_and_never_counted(
+    store: tuple[str, dict[str, str]], kafka: KafkaSettings
+) -> None:
+    """A relay killed after producing but before committing leaves its records in the log,
+    open. The next relay's init_transactions aborts them; its position read skips them even
+    when they are more than the first window (2048) of a partition."""
+    url, env = store
+    w = Writer(env)
+    try:
+        w.conversation()
+        for _ in range(20):
+            w.send()
+        relay = RelayThread(env, kafka)
+        wait_for(lambda: relay.relay.position >= w.top(), 30, "the first relay")
+        relay.stop()
+        committed = w.top()
+
+        # the "killed" relay: same transactional id, records flushed to the broker, no commit
+        from confluent_kafka import Producer
+
+        from streams.relay import transactional_id_for
+
+        zombie = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": transactional_id_for(kafka.topic)})
+        zombie.init_transactions(30)
+        zombie.begin_transaction()
+        fake = EventRecord(0, "domain.conversation:Conversation.MessageSent", UUID(int=1), 1, b"{}")
+        for i in range(1, 3001):
+            rec = EventRecord(committed + i, fake.topic, fake.originator_id, i, fake.state)
+            zombie.produce(kafka.topic, value=rec.state, partition=0, headers=[*rec.headers()])
+        for p in range(kafka.partitions):
+            zombie.produce(kafka.topic, value=b"", partition=p, headers=[*Watermark(committed + 3000).headers()])
+        assert zombie.flush(30) == 0
+        for _ in range(10):
+            w.send()
+        assert relayed_position(kafka.bootstrap, kafka.topic) == committed  # read_committed stops at the open txn
+
+        relay = RelayThread(env, kafka)  # fences the zombie, aborts its transaction
+        wait_for(lambda: relay.relay.position >= w.top(), 30, "the second relay")
+        relay.stop()
+        assert relayed_position(kafka.bootstrap, kafka.topic) == w.top()
+        check_exactly_once(read_topic(kafka), store_positions(url), kafka.partitions)
+        hidden = len(read_topic(kafka, isolation="read_uncommitted")) - len(read_topic(kafka))
+        assert hidden == 3000 + kafka.partitions
+        del zombie
+    finally:
+        w.close()
