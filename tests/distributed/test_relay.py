@@ -412,17 +412,29 @@ def test_events_written_while_down_are_relayed_after_start(
         w.conversation()
         for _ in range(10):
             w.send()
+        review = w.app.open_review(TENANT, "medium", "manual", {}, "ops")["review_id"]
         relay = RelayThread(env, kafka)
         wait_for(lambda: relay.relay.position >= w.top(), 30, "catch-up")
         relay.stop()
         first_top = w.top()
         for _ in range(600):  # written while the relay is down: more than one batch
             w.send()
+        # decided while down: the restarted relay never saw its Opened event (empty cache)
+        w.app.decide_review(TENANT, review, "enable_mention_only", "ops", 20000, 0.05)
         assert relayed_position(kafka.bootstrap, kafka.topic) == first_top
         relay = RelayThread(env, kafka)
         wait_for(lambda: relay.relay.position >= w.top(), 30, "catch-up after a restart")
         relay.stop()
-        check_exactly_once(read_topic(kafka), store_positions(url), kafka.partitions)
+        assert relay.relay.keys.lookups == 1  # the review's tier came from the store
+        events = check_exactly_once(read_topic(kafka), store_positions(url), kafka.partitions)
+        tier_key = str(Tier.create_id(TENANT, "medium"))
+        mine = [s for s in events if isinstance(s.record, EventRecord) and str(s.record.originator_id) == review]
+        assert [s.record.topic.rsplit(".", 1)[-1] for s in mine if isinstance(s.record, EventRecord)] == [
+            "Opened",
+            "Decided",
+        ]
+        tier = [s for s in events if isinstance(s.record, EventRecord) and str(s.record.originator_id) == tier_key]
+        assert tier and {s.key for s in mine + tier} == {tier_key} and len({s.partition for s in mine + tier}) == 1
     finally:
         w.close()
 
