@@ -99,7 +99,7 @@ def _params(config: str | None) -> Any:
     return load_settings(env, config_file=config).params
 
 
-def _open_views(url: str, data_dir: str | None, params: Any, stack: list[Any]) -> Any:
+def _open_views(url: str, data_dir: str | None, params: Any, partitions: int, stack: list[Any]) -> Any:
     if url == "sqlite":
         from fanout.bootstrap import DataDirLock, open_views
 
@@ -116,13 +116,21 @@ def _open_views(url: str, data_dir: str | None, params: Any, stack: list[Any]) -
 
         settings = cassandra_settings(url)
         try:
-            from adapters import cassandra_views  # type: ignore[attr-defined,unused-ignore]
+            from adapters.cassandra_mailbox import CassandraMailbox
+            from adapters.cassandra_views import CassandraViews
         except ImportError:
             raise WorkerError("FANOUT_VIEWS=cassandra://: the Cassandra views adapter is not in this build") from None
-        opener = getattr(cassandra_views, "open_views", None) or getattr(cassandra_views, "connect", None)
-        if opener is None:
-            raise WorkerError("adapters/cassandra_views.py has no open_views(settings, params)")
-        return opener(settings, params)
+        try:
+            mailbox = CassandraMailbox.from_settings(settings)
+        except Exception as exc:
+            raise WorkerError(f"FANOUT_VIEWS: Cassandra at {url} does not answer: {_line(exc)}") from None
+        try:
+            return CassandraViews.from_settings(settings, mailbox, partitions=partitions)
+        except BaseException as exc:
+            mailbox.close()
+            if isinstance(exc, Exception):
+                raise WorkerError(f"FANOUT_VIEWS: cannot open the views at {url}: {_line(exc)}") from None
+            raise
     raise WorkerError(f"FANOUT_VIEWS={url!r}: expected a cassandra:// URL or sqlite")
 
 
@@ -182,7 +190,7 @@ def _run(
     except Exception as exc:
         raise WorkerError(f"FANOUT_EVENT_STORE: cannot open the event store: {_line(exc)}") from None
     closers.append(app.close)
-    views = _open_views(views_url, data_dir, params, closers)
+    views = _open_views(views_url, data_dir, params, kafka.partitions, closers)
     closers.append(views.close)
     try:
         ensure_topic(kafka.bootstrap, kafka.topic, kafka.partitions, kafka.replication, timeout=15.0)

@@ -115,9 +115,9 @@ def write_log(b: LogBuilder, rounds: int = 2) -> None:
                 b.send(tenant, cid, a, mentions=[bb, c])
                 app.mark_read(tenant, cid, bb, 2 + r * 5)
                 b.send(tenant, cid, c)
-                if r == 1 and i == 1:
+                if r == rounds - 1 and i == 1:
                     app.request_rebuild(tenant, cid, bb)
-                if r == 1 and i == 2:
+                if r == rounds - 1 and i == 2:
                     app.remove_member(tenant, cid, c)
     rid = app.open_review("acme", "small", "manual", {}, "admin")["review_id"]
     app.decide_review("acme", rid, "enable_mention_only", "admin", 1000.0, 0.5)
@@ -207,11 +207,11 @@ class FakeRelay:
 
 
 class WorkerProcess:
-    def __init__(self, env: dict[str, str], log_path: Path, *extra: str) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, *extra: str, loglevel: str = "warning") -> None:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.worker", "--loglevel", "warning", "--session-timeout", "6", *extra],
+            [sys.executable, "-m", "cli.worker", "--loglevel", loglevel, "--session-timeout", "6", *extra],
             cwd=ROOT,
             env=env,
             stdout=self._log,
@@ -231,6 +231,13 @@ class WorkerProcess:
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def assignment(self) -> set[int] | None:
+        """The partitions of its last assignment (logged at info), None before any."""
+        lines = [line for line in self.output().splitlines() if "partitions assigned: [" in line]
+        if not lines:
+            return None
+        return {int(x) for x in lines[-1].rsplit("[", 1)[1].split("]")[0].split(",") if x.strip()}
 
 
 def worker_env(postgres: str, kafka: str, views: str, data_dir: Path | None = None) -> dict[str, str]:
@@ -571,3 +578,78 @@ def test_a_revoked_partition_is_forgotten_and_reloaded_from_the_views(popo_log: 
         (second if p in (0, 1) else first).apply(p, records)
     assert snapshot(views) == snapshot(popo_log.views)
     assert second.stats.skipped > 0
+
+
+# -- c: two workers share the partitions; one is killed mid-stream ---------------------------------
+
+
+def cassandra_views(url: str) -> Any:
+    from adapters.cassandra_mailbox import CassandraMailbox
+    from adapters.cassandra_views import CassandraViews
+    from fanout.urls import cassandra_settings
+
+    c = cassandra_settings(url)
+    return CassandraViews.from_settings(c, CassandraMailbox.from_settings(c), partitions=PARTITIONS)
+
+
+def test_two_workers_share_the_partitions_and_one_killed_mid_stream_loses_nothing(
+    fresh_postgres: str, fresh_kafka: str, fresh_cassandra: str, tmp_path: Path
+) -> None:
+    b = LogBuilder(postgres_env(fresh_postgres))
+    try:
+        write_log(b, rounds=4)
+        notes = b.notes()
+        reference = snapshot(b.views)
+        reference_capacity = capacity_totals(b.views, [0])
+    finally:
+        b.close()
+    top = notes[-1].id
+    kafka = kafka_settings(fresh_kafka)
+    ensure_topic(kafka.bootstrap, kafka.topic, PARTITIONS)
+    relay = FakeRelay(kafka.bootstrap, kafka.topic)
+    views = cassandra_views(fresh_cassandra)  # creates the schema before the workers race to
+    env = worker_env(fresh_postgres, fresh_kafka, fresh_cassandra)
+    first = notes[: len(notes) // 4]
+    relay.send_notes(first)
+    workers = [WorkerProcess(env, tmp_path / f"worker{i}.log", loglevel="info") for i in range(2)]
+    try:
+        wait_tracked(views.positions, first[-1].id, workers)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the group settles: each worker holds some partitions
+            held = [w.assignment() for w in workers]
+            if (
+                all(held)
+                and set().union(*held) == set(range(PARTITIONS))
+                and not (held[0] or set()) & (held[1] or set())
+            ):
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"the two workers did not share the partitions: {held}")
+        rest = notes[len(first) :]
+        chunk = 20
+        killed_at = None
+        for i in range(0, len(rest), chunk):
+            relay.send_notes(rest[i : i + chunk], chunk=chunk)
+            if killed_at is None and i >= len(rest) // 3:
+                workers[0].proc.send_signal(signal.SIGKILL)  # mid-stream: its last unit may be half written
+                workers[0].proc.wait(10)
+                killed_at = rest[i + chunk - 1].id if i + chunk - 1 < len(rest) else top
+            time.sleep(0.05)
+        assert killed_at is not None
+        started = time.monotonic()
+        wait_tracked(views.positions, top, workers[1:], timeout=120)
+        print(
+            f"two workers {held}, the first killed at position ~{killed_at}: the other took "
+            f"{workers[1].assignment()} and caught up in {time.monotonic() - started:.1f} s"
+        )
+        assert workers[1].assignment() == set(range(PARTITIONS))
+        assert snapshot(views) == reference
+        assert capacity_totals(views, range(PARTITIONS)) == reference_capacity
+        assert views.positions() == {(name, p): top for name in PROJECTIONS for p in range(PARTITIONS)}
+    finally:
+        for w in workers:
+            w.stop()
+        views.close()
+    out = workers[1].output()
+    assert "Traceback" not in out, out[-3000:]

@@ -1,0 +1,198 @@
+"""The online-push channel between processes (streams/pushes.py): a worker publishes each
+Delivered after its unit of work committed (invariant O), every API replica receives every
+push published after it started. Real Kafka (tests/engines.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from adapters.memory import MemoryViews
+from fanout.urls import kafka_settings
+from projections.delivery import Delivered
+from projections.sharding import shard_of
+from streams.pushes import PushPublisher, PushSubscriber, decode, encode, ensure_topic, partition_count, pushes_topic
+from streams.records import EventRecord
+from streams.worker import PartitionHost
+from tests.distributed.test_worker import PARAMS, LogBuilder, partitioned, write_log
+
+
+def by_shard(users: list[str], shards: int = 4) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {}
+    for u in sorted(users):
+        out.setdefault(shard_of(u, shards), []).append(u)
+    return out
+
+
+def delivered(i: int, *, materialized: frozenset[str] | None = None, cid: str = "c") -> Delivered:
+    return Delivered(
+        tenant="acme",
+        conversation_id=cid,
+        seq=i,
+        message={
+            "conversation_id": cid,
+            "conversation_seq": i,
+            "message_id": f"m_{i}",
+            "sender": "alice",
+            "text": f"h\u00e9llo \U0001f600 @bob #{i}",
+            "mentions": ["bob"],
+            "mention_all": False,
+            "reply_to_seq": None if i == 1 else i - 1,
+            "announcement": False,
+            "sent_at": 1_700_000_000.123456789 + i,
+            "pos": 10 * i,
+        },
+        materialized=materialized,
+        members_by_shard=by_shard(["alice", "bob", "carol"]),
+        mailbox_shards=4,
+    )
+
+
+def test_a_push_record_round_trips_a_delivered_exactly() -> None:
+    for d in (
+        delivered(1),
+        delivered(2, materialized=frozenset({"bob", "alice"})),
+        delivered(3, materialized=frozenset()),
+    ):
+        back = decode(encode(d))
+        assert back == d
+        assert back.was_member("bob") and not back.was_member("dave")
+        assert type(back.materialized) is type(d.materialized)
+        assert all(isinstance(k, int) for k in back.members_by_shard)
+
+
+@pytest.mark.parametrize("value", [b"", b"{}", b"[1]", b'{"v": 99}', b"\xff", b'{"v": 1, "tenant": "a"}'])
+def test_anything_else_is_not_a_push_record(value: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode(value)
+
+
+@pytest.fixture
+def pushes(fresh_kafka: str) -> Iterator[tuple[str, str]]:
+    k = kafka_settings(fresh_kafka)
+    topic = pushes_topic(k.topic)
+    ensure_topic(k.bootstrap, topic, 4)
+    yield k.bootstrap, topic
+
+
+def test_every_push_published_after_a_subscriber_started_reaches_it_in_order(pushes: tuple[str, str]) -> None:
+    bootstrap, topic = pushes
+    assert partition_count(bootstrap, topic) == 4
+    publisher = PushPublisher(bootstrap, topic, partitions=4)
+    publisher.publish([delivered(0, cid="before")])  # before any subscriber: nobody gets it
+    assert publisher.flush() == 0
+
+    got: list[list[Delivered]] = [[], []]
+    lock = threading.Lock()
+
+    def collect(i: int) -> Any:
+        def cb(d: Delivered) -> None:
+            with lock:
+                got[i].append(d)
+
+        return cb
+
+    subscribers = [PushSubscriber(bootstrap, topic, collect(i)).start() for i in range(2)]  # two API replicas
+    try:
+        sent = [delivered(s, cid=f"c{c}") for s in range(1, 21) for c in range(5)]
+        # A record that is not a push (another writer) is skipped, not fatal.
+        p = Producer({"bootstrap.servers": bootstrap})
+        p.produce(topic, value=b"not json")
+        p.flush(10)
+        assert publisher.publish([*sent[:50], "not a Delivered", *sent[50:]]) == len(sent)
+        assert publisher.flush() == 0
+        deadline = time.monotonic() + 20
+        while any(len(g) < len(sent) for g in got) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        for g in got:
+            assert sorted(g, key=lambda d: (d.conversation_id, d.seq)) == sorted(
+                sent, key=lambda d: (d.conversation_id, d.seq)
+            )
+            for c in range(5):  # a conversation's pushes keep their order (one partition)
+                assert [d.seq for d in g if d.conversation_id == f"c{c}"] == list(range(1, 21))
+        assert all(s.bad == 1 for s in subscribers)
+    finally:
+        for s in subscribers:
+            s.stop()
+        publisher.close()
+
+
+def test_a_worker_publishes_a_push_only_after_its_unit_committed(pushes: tuple[str, str]) -> None:
+    """The host calls on_effects after the commit: every Delivered it hands over is already
+    readable (message, delivery record, the partition's tracked position), and a unit that
+    fails hands over nothing; the published pushes are exactly the messages."""
+    bootstrap, topic = pushes
+    b = LogBuilder({"PERSISTENCE_MODULE": "eventsourcing.popo"})
+    try:
+        write_log(b, rounds=1)
+        notes = b.notes()
+    finally:
+        b.close()
+
+    class FailOnce(MemoryViews):
+        fail = True
+
+        def unit_of_work(self, *args: Any, **kwargs: Any) -> Any:
+            from contextlib import contextmanager
+
+            inner = super().unit_of_work
+
+            @contextmanager
+            def unit() -> Iterator[Any]:
+                with inner(*args, **kwargs) as w:
+                    yield w
+                    if self.fail:
+                        self.fail = False
+                        raise OSError("injected")
+
+            return unit()
+
+    views = FailOnce()
+    publisher = PushPublisher(bootstrap, topic, partitions=4)
+    checked: list[tuple[Delivered, bool]] = []
+    current = {"partition": 0}
+
+    def on_effects(effects: Sequence[Any]) -> None:
+        for d in effects:
+            if isinstance(d, Delivered):
+                committed = (
+                    views.message(d.tenant, d.conversation_id, d.seq) is not None
+                    and views.delivery(d.tenant, d.conversation_id, d.seq) is not None
+                    and views.position("delivery", current["partition"]) >= d.message["pos"]
+                )
+                checked.append((d, committed))
+        publisher.publish(effects)
+
+    received: list[Delivered] = []
+    subscriber = PushSubscriber(bootstrap, topic, received.append).start()
+    try:
+        host = PartitionHost(views, PARAMS, lambda r: b.app.mapper.to_domain_event(r.stored_event()), on_effects)
+        for p, records in partitioned(notes).items():
+            current["partition"] = p
+            if views.fail:
+                with pytest.raises(OSError):
+                    host.apply(p, records)
+                assert checked == []  # the failed unit pushed nothing
+            host.apply(p, records)
+        publisher.flush()
+        sent = sum(
+            1
+            for r in sum(partitioned(notes).values(), [])
+            if isinstance(r, EventRecord) and r.topic.endswith("MessageSent")
+        )
+        deadline = time.monotonic() + 20
+        while len(received) < sent and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(checked) == sent and all(ok for _, ok in checked)
+        assert sorted(received, key=lambda d: (d.tenant, d.conversation_id, d.seq)) == sorted(
+            (d for d, _ in checked), key=lambda d: (d.tenant, d.conversation_id, d.seq)
+        )
+    finally:
+        subscriber.stop()
+        publisher.close()
