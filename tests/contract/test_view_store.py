@@ -442,7 +442,7 @@ class TestCassandraViews(ViewStoreContract, PartitionedLogContract):
         started = time.monotonic()
         done = subprocess.run([sys.executable, "-c", code], cwd=root, timeout=60, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
-        assert time.monotonic() - started < 20
+        assert time.monotonic() - started < 20  # libev joins its loop thread up to 5 s at exit
 
 
 def test_views_written_before_the_adr_column_names_are_migrated_in_place(tmp_path: Path) -> None:
