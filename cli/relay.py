@@ -17,18 +17,20 @@ import logging
 import os
 import signal
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
 PROG = "fanout"
 
-DESCRIPTION = (
+_DESCRIPTION = (
     "Follow the PostgreSQL event store's notification log (LISTEN/NOTIFY) and publish every event to the "
     "Kafka topic exactly once for read_committed consumers: one transaction per batch, each ending with a "
     "watermark record on every partition; the relayed position is read back from the topic at start, so a "
     "kill -9 at any point neither loses nor duplicates an event. Configured by FANOUT_EVENT_STORE "
     "(postgresql://...) and FANOUT_LOG (kafka://...). Stops cleanly on SIGINT or SIGTERM."
 )
+DESCRIPTION = textwrap.fill(_DESCRIPTION, 100)
 EPILOG = (
     "example:\n"
     "  FANOUT_EVENT_STORE=postgresql://postgres@127.0.0.1:5432/fanout \\\n"
