@@ -148,6 +148,12 @@ def cmd_worker(args: argparse.Namespace, settings: Any = None, data_dir: Path | 
             )
         kafka = kafka_settings(env.get("FANOUT_LOG", ""))
         views_url = env.get("FANOUT_VIEWS", "")
+        if views_url.startswith("cassandra://"):
+            from fanout.urls import cassandra_settings
+
+            cassandra_settings(views_url)  # a malformed URL stops here, before any engine is opened
+        elif views_url != "sqlite":
+            raise WorkerError(f"FANOUT_VIEWS={views_url!r}: expected a cassandra:// URL or sqlite")
         data = (
             getattr(args, "data_dir", None)
             or (str(data_dir) if data_dir is not None else None)
