@@ -40,7 +40,7 @@ def strict_dumps(value: Any, **kwargs: Any) -> str:
 
 def cmd_serve(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
     from api.app import CannotListen, listen, run
-    from fanout.bootstrap import bootstrap
+    from fanout.bootstrap import open_runtime
     from fanout.runtime import Runtime
     from fanout.security import load_or_create_secret
 
@@ -57,7 +57,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings, data_dir: Path) -> i
 
     signal.signal(signal.SIGTERM, stop)
     try:
-        runtime: Runtime = bootstrap(settings, data_dir)
+        runtime: Runtime = open_runtime(settings, data_dir)
     except BaseException:
         for sock in sockets:
             sock.close()
@@ -216,13 +216,6 @@ def cmd_demo(args: argparse.Namespace, settings: Settings, data_dir: Path) -> in
         raise CliError(str(exc)) from None
 
 
-def cmd_not_built(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
-    raise CliError(
-        f"`{args.command}` belongs to the distributed runtime (Kafka, Faust, Cassandra), which this build does not "
-        "include yet; the embedded runtime needs no worker or relay: use `fanout serve`"
-    )
-
-
 # -- parser -----------------------------------------------------------------------------
 
 EPILOG = """\
@@ -273,10 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add(
         "serve",
-        "run the API and the projectors (embedded runtime)",
-        "Serve the HTTP/WebSocket API with the embedded runtime: SQLite event store, in-process projectors, "
-        "SQLite views and the RocksDB mailbox in the data dir. Creates the token secret on first start "
-        "(unless FANOUT_SECRET is set). Stops cleanly on SIGINT or SIGTERM.",
+        "run the API (embedded runtime: with its projectors)",
+        "Serve the HTTP/WebSocket API. Embedded runtime (the default): SQLite event store, in-process projectors, "
+        "SQLite views and the RocksDB mailbox in the data dir. Distributed runtime (FANOUT_EVENT_STORE="
+        "postgresql://..., FANOUT_LOG=kafka://..., FANOUT_VIEWS=cassandra://...): one API replica of any number; "
+        "`fanout relay` and `fanout worker` run apart; tables and keyspace are created if absent. Creates the "
+        "token secret on first start (unless FANOUT_SECRET is set; replicas must share it). Stops cleanly on "
+        "SIGINT or SIGTERM.",
         "fanout serve --data-dir ./data --host 0.0.0.0 --port 8080",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -380,10 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing")
     p.set_defaults(func=cmd_demo)
 
-    for name, what in (("worker", "Faust projection worker"), ("relay", "event store -> Kafka relay")):
-        p = add(name, f"{what} (distributed runtime; not in this build)", f"The {what} of the distributed runtime. "
-                "Not built yet: this build runs the embedded runtime (`fanout serve`).", f"fanout {name}")  # fmt: skip
-        p.set_defaults(func=cmd_not_built)
+    from cli import relay, worker
+
+    relay.add_parser(sub, common)
+    worker.add_parser(sub, common)
     return parser
 
 

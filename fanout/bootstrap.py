@@ -16,21 +16,27 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from adapters.rocksdb_mailbox import RocksMailbox
 from adapters.sqlite_views import SqliteViews
 from domain.params import Parameters
 from fanout.application import FanoutApplication
-from fanout.config import ConfigError, Settings
+from fanout.config import ConfigError, Settings, is_distributed
+from fanout.distributed import Closeable, DistributedRuntime
 from fanout.overload import Backpressure
 from fanout.push import PushHub
 from fanout.queries import Queries
+from fanout.runtime import Runtime
+from fanout.urls import CassandraSettings, KafkaSettings, cassandra_settings, kafka_settings, postgres_env
 from projections.capacity import CapacityProjection
 from projections.delivery import Delivered
 from projections.hosting import PROJECTIONS, Effect
 from projections.ports import MailboxStore, ViewStore
 from streams.embedded import EmbeddedRunner
+
+if TYPE_CHECKING:  # the distributed engines' clients are imported when that runtime is built
+    from adapters.cassandra_views import CassandraViews
 
 log = logging.getLogger("fanout.runtime")
 
@@ -136,6 +142,14 @@ def open_application(
 # -- the composition root ---------------------------------------------------------------
 
 
+def open_runtime(settings: Settings, data_dir: Path | str | None = None) -> Runtime:
+    """The runtime the settings name: the distributed one for postgresql://, kafka:// and
+    cassandra:// URLs, else the embedded one over the data dir (`fanout serve`)."""
+    if is_distributed(settings):
+        return bootstrap_distributed(settings)
+    return bootstrap(settings, data_dir)
+
+
 def bootstrap(
     settings: Settings | Parameters | None = None,
     data_dir: Path | str | None = None,
@@ -146,7 +160,8 @@ def bootstrap(
     event_store_env: Mapping[str, str] | None = None,
     lock: bool = True,
 ) -> EmbeddedRuntime:
-    """The embedded runtime over `data_dir` (default: the settings' data dir).
+    """The embedded runtime over `data_dir` (default: the settings' data dir); settings
+    naming the distributed engines go to `open_runtime` / `bootstrap_distributed`.
 
     `settings` is the loaded configuration (`fanout.config.load_settings`), or just the
     ADR parameters (default ones when None). Adapters given here are used instead of the
@@ -330,3 +345,88 @@ class EmbeddedRuntime:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# -- the distributed runtime --------------------------------------------------------------
+
+
+class KafkaEngines:
+    """What an API replica asks of Kafka: the relay's committed position, the workers in
+    the projection consumer group, and the online pushes the workers publish."""
+
+    def __init__(self, kafka: KafkaSettings, worker_group: str | None = None) -> None:
+        from streams.worker import WorkerSettings
+
+        self.kafka = kafka
+        self.worker_group = worker_group or WorkerSettings(kafka.bootstrap, kafka.topic).group
+
+    def relayed_position(self) -> int:
+        from streams.relay import relayed_position
+
+        return relayed_position(self.kafka.bootstrap, self.kafka.topic, timeout=5.0)
+
+    def workers(self) -> int:
+        return consumer_group_members(self.kafka.bootstrap, self.worker_group)
+
+    def subscribe_pushes(self, callback: Callable[[Delivered], None]) -> Closeable:
+        from streams.pushes import PushSubscriber, pushes_topic
+
+        sub = PushSubscriber(self.kafka.bootstrap, pushes_topic(self.kafka.topic), callback).start()
+
+        class Subscription:
+            def close(self) -> None:
+                sub.stop()
+
+        return Subscription()
+
+
+def consumer_group_members(bootstrap: str, group: str, timeout: float = 5.0) -> int:
+    """Members of a Kafka consumer group (0 when it is empty or unknown)."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout * 1000)})
+    futures = admin.describe_consumer_groups([group], request_timeout=timeout)
+    try:
+        description = futures[group].result(timeout=timeout)
+    except KafkaException as exc:
+        if exc.args and getattr(exc.args[0], "code", lambda: None)() == KafkaError.GROUP_ID_NOT_FOUND:
+            return 0
+        raise
+    return len(description.members)
+
+
+def open_cassandra_views(settings: CassandraSettings, *, partitions: int) -> CassandraViews:
+    """The views and the mailbox in Cassandra (keyspace and tables created if absent)."""
+    from adapters.cassandra_mailbox import CassandraMailbox
+    from adapters.cassandra_views import CassandraViews
+
+    mailbox = CassandraMailbox.from_settings(settings)
+    try:
+        return CassandraViews.from_settings(settings, mailbox, partitions=partitions)
+    except BaseException:
+        mailbox.close()
+        raise
+
+
+def bootstrap_distributed(
+    settings: Settings,
+    *,
+    clock: Callable[[], float] = time.time,
+    views: ViewStore | None = None,
+) -> DistributedRuntime:
+    """An API replica of the distributed runtime: the command side on the PostgreSQL event
+    store (tables created if absent), the views in Cassandra (keyspace and tables created if
+    absent), pushes and health from Kafka. The relay and the workers run apart
+    (`fanout relay`, `fanout worker`)."""
+    kafka = kafka_settings(settings.log)
+    env = postgres_env(settings.event_store)
+    built = None
+    if views is None:
+        views = built = open_cassandra_views(cassandra_settings(settings.views), partitions=kafka.partitions)
+    try:
+        return DistributedRuntime(settings.params, env, views, KafkaEngines(kafka), partitions=kafka.partitions, clock=clock)
+    except BaseException:
+        if built is not None:
+            built.close()
+        raise

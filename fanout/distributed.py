@@ -1,0 +1,230 @@
+"""The distributed runtime as one API replica sees it: the command side on the shared
+PostgreSQL event store, the views in Cassandra written by the Faust workers, online
+pushes arriving from the workers through Kafka. Implements `fanout.runtime.Runtime`;
+`fanout.bootstrap.bootstrap` builds it from the SPEC section 8 URLs and hands it its
+adapters (this module imports no engine).
+
+Positions are the event store's notification ids, as in the embedded runtime. The views
+hold position P when every log partition has applied everything up to P: the workers
+track, per (projection, partition), the last event or relay watermark applied
+(streams/records.py), and `low_watermark` is the minimum over the partitions. A
+watcher thread reads it a few times a second, so backpressure checks and read-your-writes
+waits cost no query each."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, Self
+
+from domain.params import Parameters
+from fanout.application import FanoutApplication
+from fanout.overload import Backpressure
+from fanout.push import PushHub
+from fanout.queries import Queries
+from projections.capacity import CapacityProjection, merged, state_name
+from projections.delivery import Delivered, DeliveryProjection
+from projections.ports import ViewStore
+
+log = logging.getLogger("fanout.distributed")
+
+WATCH_INTERVAL = 0.02  # seconds between reads of the views' low watermark
+HEALTH_INTERVAL = 2.0  # seconds between checks of the relay and the workers
+
+
+class Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+class Engines(Protocol):
+    """What a replica asks of the log and the workers (built by the composition root)."""
+
+    def relayed_position(self) -> int:
+        """The last event-store position the relay committed to Kafka."""
+
+    def workers(self) -> int:
+        """Worker processes in the projection consumer group (0: none alive)."""
+
+    def subscribe_pushes(self, callback: Callable[[Delivered], None]) -> Closeable:
+        """Receive every Delivered the workers publish after their commits."""
+
+
+class DistributedRuntime:
+    def __init__(
+        self,
+        params: Parameters,
+        event_store_env: Mapping[str, str],
+        views: ViewStore,
+        engines: Engines,
+        *,
+        partitions: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.params = params
+        self.views = views
+        self.engines = engines
+        self.partitions = partitions
+        self.clock = clock
+        self.app = FanoutApplication(
+            params,
+            dict(event_store_env),
+            clock=clock,
+            message_sender=self._message_sender,
+            conversations_in_scope=self._conversations_in_scope,
+            read_state=self._read_state,
+            shared_store=True,
+        )
+        self.queries = Queries(views, params)
+        self.hub = PushHub(views)
+        self.committed = views.low_watermark(DeliveryProjection.name)
+        self.last_error: str | None = None
+        self.failure_reason: str | None = None
+        self.backpressure = Backpressure(
+            self,
+            self.app.log_position(),
+            max_events=params.max_projection_lag_events,
+            max_entries=params.max_projection_lag_entries,
+        )
+        self.app.recorded_listeners.append(self.backpressure.recorded)
+        self.review_triggers = 0  # opened by the workers' capacity projections, not here
+        self.started_at = time.time()
+        self.health: dict[str, Any] = {}
+        self._progress = threading.Condition()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._pushes: Closeable | None = None
+
+    # -- wiring: what the command side reads from the views --------------------------
+
+    def _message_sender(self, tenant: str, conversation_id: str, seq: int) -> str | None:
+        m = self.views.message(tenant, conversation_id, seq)
+        if m is not None:
+            return str(m["sender"])
+        sent = self.app.sent_message(tenant, conversation_id, seq)
+        return sent.sender if sent is not None else None
+
+    def _conversations_in_scope(self, tenant: str, size_bucket: str) -> list[str]:
+        self.wait_until(self.app.log_position(), timeout=30)
+        return self.views.heads_by_scope(tenant, size_bucket)
+
+    def _read_state(self, tenant: str, conversation_id: str, user_id: str) -> tuple[int, int] | None:
+        state = self.views.state(tenant, user_id, conversation_id)
+        return None if state is None else (int(state["read_conversation_seq"]), self.committed)
+
+    def _on_push(self, effect: Delivered) -> None:
+        try:
+            pushes = self.hub.deliver(effect)
+            if pushes:
+                self.views.record_pushes(effect.tenant, effect.conversation_id, effect.seq, pushes)
+        except Exception:
+            log.exception("could not push %s/%s seq %s", effect.tenant, effect.conversation_id, effect.seq)
+
+    # -- the watchers ----------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """The views' low watermark, read a few times a second; wakes the waiters."""
+        while not self._stop.is_set():
+            try:
+                committed = self.views.low_watermark(DeliveryProjection.name)
+                if self.failure_reason == "views_unreachable":
+                    self.last_error = self.failure_reason = None
+            except Exception as exc:  # Cassandra away: writes are refused (backpressure) until it answers
+                self.last_error, self.failure_reason = f"views: {type(exc).__name__}: {exc}", "views_unreachable"
+                self._stop.wait(1.0)
+                continue
+            if committed != self.committed:
+                with self._progress:
+                    self.committed = committed
+                    self._progress.notify_all()
+            self._stop.wait(WATCH_INTERVAL)
+
+    def _check_health(self) -> None:
+        while not self._stop.is_set():
+            self.health = self.check()
+            self._stop.wait(HEALTH_INTERVAL)
+
+    def check(self) -> dict[str, Any]:
+        """Each engine and the projection host, as /readyz reports them."""
+        out: dict[str, Any] = {}
+        for name, probe in (
+            ("event_store", self.app.log_position),
+            ("relay_position", self.engines.relayed_position),
+            ("workers", self.engines.workers),
+            ("views_position", lambda: self.views.low_watermark(DeliveryProjection.name)),
+        ):
+            try:
+                out[name] = probe()
+            except Exception as exc:
+                out[name] = None
+                out.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:300]
+        return out
+
+    # -- Runtime ---------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return bool(self._threads) and not self._stop.is_set()
+
+    def position(self) -> int:
+        return self.committed
+
+    def log_position(self) -> int:
+        return self.app.log_position()
+
+    def wait_until(self, position: int, timeout: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout
+        if not self.running:  # no watcher: read the views directly
+            while self.views.low_watermark(DeliveryProjection.name) < position:
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(WATCH_INTERVAL)
+            self.committed = max(self.committed, self.views.low_watermark(DeliveryProjection.name))
+            return True
+        with self._progress:
+            while self.committed < position:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._progress.wait(min(left, 0.1))
+        return True
+
+    def catch_up(self) -> None:
+        self.wait_projected(timeout=120.0)
+
+    def wait_projected(self, timeout: float = 30.0) -> bool:
+        return self.wait_until(self.app.log_position(), timeout)
+
+    def projections_status(self) -> dict[tuple[str, int], int]:
+        return self.views.positions()
+
+    def capacity(self) -> CapacityProjection:
+        states = [self.views.capacity_state(state_name(p)) for p in range(self.partitions)]
+        return merged(self.params, [s for s in states if s])
+
+    def start(self) -> Self:
+        if self.running:
+            return self
+        self._pushes = self.engines.subscribe_pushes(self._on_push)
+        for target, name in ((self._watch, "fanout-watermark"), (self._check_health, "fanout-health")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(5)
+        if self._pushes is not None:
+            self._pushes.close()
+        self.hub.close()
+        self.views.close()
+        self.app.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

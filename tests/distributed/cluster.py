@@ -1,0 +1,96 @@
+"""A distributed deployment for a test: its own PostgreSQL database, Kafka topic and
+Cassandra keyspace on the shared engines, `fanout relay` and `fanout worker` as real
+subprocesses (killable with SIGKILL), and API replicas built in-process by the composition
+root (`fanout.bootstrap.bootstrap_distributed`) from the same URLs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fanout.bootstrap import bootstrap_distributed
+from fanout.config import load_settings
+from fanout.distributed import DistributedRuntime
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Cluster:
+    urls: dict[str, str]  # FANOUT_EVENT_STORE, FANOUT_LOG, FANOUT_VIEWS
+    logs: Path
+    settings_env: dict[str, str] = field(default_factory=dict)  # FANOUT_<PARAM> for every process
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    runtimes: list[DistributedRuntime] = field(default_factory=list)
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FANOUT_") or k.startswith("FANOUT_ENGINES")}
+        env.update(self.urls)
+        env.update(self.settings_env)
+        env["PYTHONPATH"] = str(ROOT)
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def start(self, name: str) -> subprocess.Popen[bytes]:
+        """`relay`, or `worker` / `worker-2` ...: a subprocess of `python -m cli.<kind>`."""
+        kind = name.split("-")[0]
+        args = [sys.executable, "-m", f"cli.{kind}"]
+        if kind == "worker":
+            args += ["--session-timeout", "6"]
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (owned by the process)
+        proc = subprocess.Popen(args, cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT)
+        self.procs[name] = proc
+        return proc
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs.pop(name)
+        if proc.poll() is None:
+            proc.send_signal(sig)
+        proc.wait(30)
+
+    def log_of(self, name: str) -> str:
+        path = self.logs / f"{name}.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+    def replica(self, **settings: str) -> DistributedRuntime:
+        env: Mapping[str, str] = {**self.urls, **self.settings_env, **settings}
+        rt = bootstrap_distributed(load_settings(env)).start()
+        self.runtimes.append(rt)
+        return rt
+
+    def wait_workers(self, count: int = 1, timeout: float = 60.0) -> None:
+        """Until `count` workers are in the consumer group (their partitions assigned)."""
+        rt = self.runtimes[0] if self.runtimes else self.replica()
+        deadline = time.monotonic() + timeout
+        while rt.engines.workers() < count:
+            dead = [n for n, p in self.procs.items() if p.poll() is not None]
+            assert not dead, f"{dead} exited: {self.log_of(dead[0])}"
+            assert time.monotonic() < deadline, f"{count} workers not up in {timeout} s: {self.log_of('worker')}"
+            time.sleep(0.2)
+
+    def settle(self, rt: DistributedRuntime | None = None, timeout: float = 60.0) -> None:
+        """Until the views hold everything written so far (relay and workers caught up)."""
+        rt = rt or self.runtimes[0]
+        if not rt.wait_projected(timeout):
+            logs = {n: self.log_of(n)[-1500:] for n in self.procs}
+            raise AssertionError(
+                f"views at {rt.position()}, log at {rt.log_position()} after {timeout} s; logs: {logs}"
+            )
+
+    def close(self) -> None:
+        for rt in self.runtimes:
+            rt.close()
+        for name in list(self.procs):
+            self.kill(name, signal.SIGTERM)
+
+
+def cluster_for(urls: dict[str, str], logs: Path, **settings: Any) -> Cluster:
+    logs.mkdir(parents=True, exist_ok=True)
+    return Cluster(urls, logs, {k: str(v) for k, v in settings.items()})
