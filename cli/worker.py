@@ -192,7 +192,7 @@ def _run(
         level=args.loglevel.upper(), format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s"
     )
     try:
-        app = FanoutApplication(params, store_env)
+        app = FanoutApplication(params, store_env, shared_store=True)  # replicas and workers write too
     except Exception as exc:
         raise WorkerError(f"FANOUT_EVENT_STORE: cannot open the event store: {_line(exc)}") from None
     closers.append(app.close)

@@ -45,6 +45,7 @@ from typing import Any, cast
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
+from domain.conversation import Conversation
 from domain.params import Parameters
 from domain.review import topics_of
 from projections.failures import Throttled, storage_failure
@@ -72,6 +73,23 @@ class HostStats:
     effects: int = 0
     failures: int = 0  # failed units of work
     started: float = field(default_factory=time.monotonic)
+
+
+# Events that reshape a conversation's member states (who is a member, who is skipped):
+# each is applied in a unit of work of its own. Cassandra writes a unit's states before its
+# head, so after a crash between the two a replay reloads the states as the unit left
+# them: a send replayed with a later join's states would reach the joiner. With a
+# reshaping event alone in its unit, the sends replayed with any reloaded states are only
+# those of units where the member set did not change (ADR-0014).
+ALONE = frozenset(
+    topics_of(
+        Conversation.Created,
+        Conversation.MembersJoined,
+        Conversation.MemberLeft,
+        Conversation.WritePolicyChanged,
+        Conversation.RebuildRequested,
+    )
+)
 
 
 class PartitionHost:
@@ -156,6 +174,7 @@ class PartitionHost:
         effects: list[Effect] = []
         count = applied = skipped = 0
         top = 0
+        alone = False
         try:
             with self.views.unit_of_work() as w:
                 w.partition = partition
@@ -169,12 +188,18 @@ class PartitionHost:
                         continue
                     if r.topic not in wanted:
                         continue  # an event no projection folds (a quota charge): tracked only
+                    if r.topic in ALONE:
+                        if applied:  # end the unit before it: it gets a unit of its own
+                            count -= 1
+                            top = max((x.position for x in records[:count]), default=0)
+                            break
+                        alone = True
                     event = self.to_domain_event(r)
                     for p in routes.get(type(event), ()):
                         if r.position > tracked[p.name]:
                             effects.extend(p.process(event, r.position, w))
                     applied += 1
-                    if w.mailbox_entries >= self.max_entries_per_commit:
+                    if alone or w.mailbox_entries >= self.max_entries_per_commit:
                         break
                 last = {p.name: max(tracked[p.name], top) for p in projections}
                 for p in projections:
