@@ -36,6 +36,7 @@ from projections.ports import MailboxStore, ViewStore
 from streams.embedded import EmbeddedRunner
 
 if TYPE_CHECKING:  # the distributed engines' clients are imported when that runtime is built
+    from adapters.cassandra_rebuild import CassandraAsideBuilds
     from adapters.cassandra_views import CassandraViews
 
 log = logging.getLogger("fanout.runtime")
@@ -170,7 +171,10 @@ def bootstrap(
     if isinstance(settings, Settings):
         engines = (settings.event_store, settings.log, settings.views)
         if engines != EMBEDDED_ENGINES:
-            raise ConfigError(f"engines {engines} are not in this build; the embedded runtime runs {EMBEDDED_ENGINES}")
+            raise ConfigError(
+                f"engines {engines}: bootstrap builds the embedded runtime {EMBEDDED_ENGINES}; the distributed one "
+                "(postgresql://, kafka://, cassandra://) is built by open_runtime / bootstrap_distributed"
+            )
         params, data_dir = settings.params, settings.data_dir if data_dir is None else data_dir
     else:
         params = settings or Parameters()
@@ -430,3 +434,48 @@ def bootstrap_distributed(
         if built is not None:
             built.close()
         raise
+
+
+# -- the stores of the settings' engines, for the operator tools --------------------------
+
+
+def open_application_for(settings: Settings, data_dir: Path | str | None = None, **wiring: Any) -> FanoutApplication:
+    """The command side over the event store the settings name, an existing one only
+    (no table is created): PostgreSQL for FANOUT_EVENT_STORE=postgresql://..., else the
+    SQLite store of the data dir (the tools that read the log: `fanout replay`)."""
+    if is_distributed(settings):
+        env = postgres_env(settings.event_store)
+        env["CREATE_TABLE"] = "n"
+        return FanoutApplication(settings.params, env, **wiring)
+    return open_application(settings.params, settings.data_dir if data_dir is None else data_dir,
+                            create_tables=False, **wiring)  # fmt: skip
+
+
+def log_partitions(settings: Settings) -> int:
+    """The partition count of the event topic (FANOUT_LOG): how many positions the views
+    track per projection, and how many capacity states they hold."""
+    return kafka_settings(settings.log).partitions
+
+
+def open_distributed_views(settings: Settings, *, keyspace: str | None = None) -> CassandraViews:
+    """The Cassandra views (and mailbox) of FANOUT_VIEWS, or of another keyspace on the same
+    cluster (`keyspace`: views built aside by `fanout rebuild` / `verify`); the keyspace and
+    its tables are created if absent."""
+    from dataclasses import replace
+
+    cassandra = cassandra_settings(settings.views)
+    if keyspace is not None:
+        cassandra = replace(cassandra, keyspace=keyspace)
+    return open_cassandra_views(cassandra, partitions=log_partitions(settings))
+
+
+def cassandra_aside_builds(views: CassandraViews) -> CassandraAsideBuilds:
+    """The Cassandra side of `fanout rebuild` / `verify` over the live views' session."""
+    from adapters.cassandra_rebuild import CassandraAsideBuilds
+
+    return CassandraAsideBuilds(views.session, views.keyspace)
+
+
+def worker_group_members(settings: Settings) -> int:
+    """Processes in the projection workers' consumer group of FANOUT_LOG's topic (0: none)."""
+    return KafkaEngines(kafka_settings(settings.log)).workers()

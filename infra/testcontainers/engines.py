@@ -4,7 +4,7 @@ NOT TESTED: it was written on a machine without a Docker engine, where it cannot
 the `testcontainers` 4.15 API as installed by `make install-distributed` (source read, not run).
 The local scripts in infra/engines/ are the tested path; see docs/ENGINES.md and ADR-0011.
 
-One setting selects the engines, for scripts and (next session) the test fixtures:
+One setting selects the engines, for scripts and the test fixtures (tests/engines.py):
 
     FANOUT_ENGINES=local           (default) infra/engines/up.sh: jars from Maven Central + OS PostgreSQL
     FANOUT_ENGINES=testcontainers  this module: postgres / apache/kafka / cassandra images

@@ -38,9 +38,9 @@ def test_the_embedded_runtime_answers_what_the_entry_points_ask(tmp_path: Path) 
         assert rt.last_error is None and rt.failure_reason is None
 
 
-def test_settings_naming_an_engine_not_in_this_build_are_refused(tmp_path: Path) -> None:
+def test_settings_naming_other_engines_are_refused_by_the_embedded_bootstrap(tmp_path: Path) -> None:
     settings = Settings(PARAMS, tmp_path, "sqlite", "kafka", "sqlite", None)
-    with pytest.raises(ConfigError, match="not in this build"):
+    with pytest.raises(ConfigError, match="bootstrap builds the embedded runtime"):
         bootstrap(settings)
     assert not tmp_path.joinpath("fanout.lock").exists()
 
