@@ -1,0 +1,583 @@
+"""Crash tests of the distributed runtime on the real engines: during the fan-out of
+messages to a 100k-member group, kill -9 an API replica (a sender subprocess), the relay
+or a worker, or restart the Kafka broker or Cassandra; then every member's mailbox holds
+each message exactly once, every count is exact, and the Cassandra views equal what the
+embedded projection code builds from the same PostgreSQL log (in memory).
+
+Each scenario is one deployment (its own database, topic and keyspace; one 100k-member
+group created once) and RUNS runs of a few messages each, every run with its own kill point
+drawn from a seeded random generator. The seed is printed (run pytest with -s to see the
+kill points); set FANOUT_CRASH_SEED to replay one. FANOUT_CRASH_RUNS, FANOUT_CRASH_MEMBERS
+and FANOUT_CRASH_MESSAGES (per run) change the size.
+
+Restarting Kafka or Cassandra affects every test sharing the engines: the tests doing it
+always run the up script in a `finally`, which waits until the engine answers again."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from cassandra.concurrent import execute_concurrent_with_args
+
+from adapters.memory import MemoryViews
+from domain.params import Parameters
+from fanout.config import load_settings
+from fanout.distributed import DistributedRuntime
+from fanout.queries import Queries
+from fanout.urls import kafka_settings
+from projections.capacity import merged, state_name
+from projections.hosting import build_projections
+from streams.relay import relayed_position
+from tests.distributed.cluster import ROOT, Cluster, cluster_for
+
+pytestmark = pytest.mark.slow
+
+T = "acme"
+CID = "big"
+MEMBERS = int(os.environ.get("FANOUT_CRASH_MEMBERS", "100000"))
+RUNS = int(os.environ.get("FANOUT_CRASH_RUNS", "3"))
+PER_RUN = int(os.environ.get("FANOUT_CRASH_MESSAGES", "3"))  # messages per run
+SEED = int(os.environ.get("FANOUT_CRASH_SEED") or random.SystemRandom().randrange(1_000_000))
+USERS = [f"u{i:06d}" for i in range(MEMBERS)]
+SENDERS = USERS[1:4]
+MENTIONED = USERS[-1]
+FANOUT_SECONDS = 3.0  # about one 100k-member message written into Cassandra here
+ENGINES_SCRIPTS = ROOT / "infra" / "engines"
+ENGINES_DIR = Path(os.environ.get("FANOUT_ENGINES_DIR", "/tmp/fanout-engines"))
+SETTINGS = {
+    "FANOUT_PER_SENDER_IN_CONVERSATION_RATE": "1000/s",
+    "FANOUT_PER_CONVERSATION_MSG_RATE": "1000/1000/1000",
+}
+
+
+def rng(scenario: str, run: int) -> random.Random:
+    print(f"\n[{scenario} run {run}] FANOUT_CRASH_SEED={SEED}", flush=True)
+    return random.Random(f"{SEED}/{scenario}/{run}")
+
+
+# -- the deployment ----------------------------------------------------------------------
+
+
+@dataclass
+class Deployment:
+    cluster: Cluster
+    rt: DistributedRuntime  # the test's own API replica (in-process): sends and reads
+    params: Parameters
+    sample: list[str]  # members whose mailboxes are read to see where a fan-out is
+    acked: set[str] = field(default_factory=set)  # message ids acknowledged to a sender
+    sent: int = 0  # messages sent so far (names and senders)
+    notes: list[str] = field(default_factory=list)  # one line per run, printed at the end
+
+    def send(self, tag: str, count: int = 1) -> list[dict[str, Any]]:
+        out = []
+        for _ in range(count):
+            i = self.sent
+            self.sent += 1
+            r = self.rt.app.send_message(
+                T,
+                CID,
+                sender=SENDERS[i % len(SENDERS)],
+                text=f"{tag} message {i}",
+                mentions=[MENTIONED] if i % 2 == 0 else [],
+                client_msg_id=f"{tag}-{i}",
+            )
+            self.acked.add(str(r["message_id"]))
+            out.append(r)
+        return out
+
+    def latest(self) -> int:
+        return int(self.rt.app.log_position())
+
+
+@pytest.fixture
+def deployment(fresh_postgres: str, fresh_kafka: str, fresh_cassandra: str, tmp_path: Path) -> Iterator[Deployment]:
+    started = time.monotonic()
+    c = cluster_for(
+        {"FANOUT_EVENT_STORE": fresh_postgres, "FANOUT_LOG": fresh_kafka, "FANOUT_VIEWS": fresh_cassandra},
+        tmp_path / "logs",
+        **SETTINGS,
+    )
+    try:
+        rt = c.replica()  # the event store's tables and the keyspace before the others start
+        c.start("relay")
+        c.start("worker")
+        rt.app.create_conversation(T, CID, "crash test", USERS)
+        c.wait_workers(1)
+        c.settle(rt, timeout=180)
+        params = load_settings({**c.urls, **c.settings_env}).params
+        d = Deployment(c, rt, params, random.Random(SEED).sample(USERS, 100))
+        print(f"\n{MEMBERS}-member group projected in {time.monotonic() - started:.1f} s", flush=True)
+        yield d
+        print("\n" + "\n".join(d.notes), flush=True)
+    finally:
+        c.close()
+
+
+# -- where a fan-out is: the mailboxes of a sample of members -----------------------------------
+
+
+def written(d: Deployment, seqs: range) -> dict[int, float]:
+    """seq -> the fraction of the sample whose mailbox holds it (single-partition reads)."""
+    mb: Any = d.rt.views.mailbox
+    args = [(T, u, 0, 2**62, 10_000) for u in d.sample]
+    results = execute_concurrent_with_args(mb.session, mb._read, args, concurrency=50, raise_on_first_error=False)
+    have: collections.Counter[int] = collections.Counter()
+    for ok, rows in results:
+        if ok:
+            for r in rows:
+                have[r["conversation_seq"]] += 1
+    return {s: have[s] / len(d.sample) for s in seqs}
+
+
+def wait_fanout_started(d: Deployment, seq: int, timeout: float = 60.0) -> float:
+    """Until the first entries of message `seq` appear in the sample; returns the wait."""
+    t0 = time.monotonic()
+    while not written(d, range(seq, seq + 1))[seq]:
+        assert time.monotonic() - t0 < timeout, f"seq {seq} not fanned out in {timeout} s: {logs(d)}"
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def fmt(fractions: dict[int, float]) -> str:
+    return " ".join(f"seq{s}:{f:.0%}" for s, f in fractions.items())
+
+
+def logs(d: Deployment) -> dict[str, str]:
+    return {n: d.cluster.log_of(n)[-1500:] for n in ("relay", "worker", "worker-2")}
+
+
+def settle(d: Deployment, timeout: float = 180.0) -> float:
+    t0 = time.monotonic()
+    d.cluster.settle(d.rt, timeout)
+    return time.monotonic() - t0
+
+
+def check_run(d: Deployment) -> int:
+    """After a run: every message in the views is materialized to every member."""
+    latest = d.rt.views.head(T, CID)["latest_conversation_seq"]  # type: ignore[index]
+    for seq in range(1, latest + 1):
+        rec = d.rt.views.delivery(T, CID, seq)
+        assert rec is not None and rec["materialized_at"] is not None, (seq, rec)
+        assert rec["mailbox_entries"] == MEMBERS, (seq, rec)
+    stored = {m["message_id"] for m in d.rt.views.messages(T, CID, 0, 10_000)}
+    assert d.acked <= stored, f"acknowledged, not delivered: {sorted(d.acked - stored)}"
+    return int(latest)
+
+
+# -- the verification: exactly once, exact counts, equal to the embedded projections ---------------
+
+
+def reference(d: Deployment) -> MemoryViews:
+    """The PostgreSQL notification log replayed through the embedded projection code
+    (build_projections) into in-memory views, one unit of work per event."""
+    views = MemoryViews()
+    projections = build_projections(cast(Any, views), d.params)
+    app = d.rt.app
+    for n in app.recorder.select_notifications(start=1, limit=1_000_000):
+        event = app.mapper.to_domain_event(n)
+        with views.unit_of_work() as w:
+            for p in projections:
+                if type(event) in p.topics:
+                    p.process(event, n.id, w)
+            for p in projections:
+                p.flush(w)
+                w.track(p.name, n.id)
+    return views
+
+
+def strip(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A delivery record without the runtime facts (when, and pushes to who was online)."""
+    return (
+        None if record is None else {k: v for k, v in record.items() if k not in ("materialized_at", "online_pushes")}
+    )
+
+
+def verify(d: Deployment) -> str:
+    t0 = time.monotonic()
+    settle(d)
+    views, ref = d.rt.views, reference(d)
+    # Heads, messages and delivery records equal the reference's; every message reached all.
+    head = views.head(T, CID)
+    assert head == ref.head(T, CID)
+    assert head is not None
+    latest = head["latest_conversation_seq"]
+    messages = views.messages(T, CID, 0, 10_000)
+    assert messages == ref.messages(T, CID, 0, 10_000)
+    assert [m["conversation_seq"] for m in messages] == list(range(1, latest + 1))
+    assert d.acked <= {m["message_id"] for m in messages}, "an acknowledged message is missing"
+    for seq in range(1, latest + 1):
+        rec = views.delivery(T, CID, seq)
+        assert rec is not None and rec["materialized_at"] is not None and rec["mailbox_entries"] == MEMBERS, rec
+        assert strip(rec) == strip(ref.delivery(T, CID, seq)), seq
+    # Member states (the conversation-keyed partition) and the broadcasts.
+    _, states, casts = views.load_conversation(T, CID)
+    _, ref_states, ref_casts = ref.load_conversation(T, CID)
+    assert len(states) == MEMBERS
+    assert states == ref_states, [u for u in ref_states if states.get(u) != ref_states[u]][:10]
+    assert casts == ref_casts
+    # Every member's mailbox holds each message exactly once.
+    entries = list(views.mailbox.all_entries())
+    per_seq: collections.Counter[int] = collections.Counter()
+    seen: set[tuple[str, int]] = set()
+    for tenant, user, _pos, seq, cid, _flags in entries:
+        assert (tenant, cid) == (T, CID)
+        assert (user, seq) not in seen, f"{user} holds seq {seq} twice"
+        seen.add((user, seq))
+        per_seq[seq] += 1
+    assert dict(per_seq) == {s: MEMBERS for s in range(1, latest + 1)}
+    assert entries == list(ref.mailbox.all_entries())
+    # Exact counts in the session lists (senders, the mentioned member, a sample).
+    q, rq = Queries(views, d.params), Queries(ref, d.params)
+    mentioned = [m["conversation_seq"] for m in messages if MENTIONED in m["mentions"]]
+    for user in ["u000000", *SENDERS, MENTIONED, *d.sample[:20]]:
+        sessions, big = q.session_list(T, user)
+        assert (sessions, big) == rq.session_list(T, user), user
+        (s,) = sessions
+        read = max((m["conversation_seq"] for m in messages if m["sender"] == user), default=0)
+        assert s["read_conversation_seq"] == read, (user, s)
+        assert s["unread_count"] == latest - read and s["unread_exact"], (user, s)
+        assert s["mention_count"] == (len([x for x in mentioned if x > read]) if user == MENTIONED else 0), (user, s)
+        assert s["latest_conversation_seq"] == latest, (user, s)
+    # The capacity totals merged over the log's partitions.
+    parts = [views.capacity_state(state_name(p)) for p in range(d.rt.partitions)]
+    totals = merged(d.params, [s for s in parts if s]).state()
+    ref_totals = merged(d.params, [ref.capacity_state(state_name(0)) or {}]).state()
+    for k in ("entries_total", "messages_total"):
+        assert totals[k] == ref_totals[k], (k, totals[k], ref_totals[k])
+    return (
+        f"verified {latest} messages x {MEMBERS} members ({len(entries)} entries, "
+        f"{len(d.acked)} acknowledged) in {time.monotonic() - t0:.1f} s"
+    )
+
+
+# -- processes and engines -----------------------------------------------------------------------
+
+
+def assignment(c: Cluster, name: str) -> tuple[int, set[int] | None]:
+    """(how many assignments the worker logged, the partitions of its last one)."""
+    path = c.logs / f"{name}.log"
+    text = path.read_text(errors="replace") if path.exists() else ""
+    lines = [line for line in text.splitlines() if "partitions assigned: [" in line]
+    if not lines:
+        return 0, None
+    return len(lines), {int(x) for x in lines[-1].rsplit("[", 1)[1].split("]")[0].split(",") if x.strip()}
+
+
+def partition_of(kafka_url: str, position: int, timeout: float = 30.0) -> int:
+    """The Kafka partition holding the event record at `position` (the relay keys by
+    aggregate: every event of the group is in it)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from streams.records import EventRecord, decode
+
+    k = kafka_settings(kafka_url)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": k.bootstrap,
+            "group.id": "crash-test-probe",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(k.topic, p, 0) for p in range(k.partitions)])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for m in consumer.consume(500, 1.0):
+                if m.error() is None:
+                    rec = decode(cast(Any, m.headers()), m.value())
+                    if isinstance(rec, EventRecord) and rec.position == position:
+                        return int(m.partition() or 0)
+        raise AssertionError(f"no record at position {position} in {k.topic}")
+    finally:
+        consumer.close()
+
+
+def engine_script(name: str) -> float:
+    t0 = time.monotonic()
+    subprocess.run(["bash", str(ENGINES_SCRIPTS / name)], check=True, stdout=subprocess.DEVNULL, timeout=300)
+    return time.monotonic() - t0
+
+
+def require_local_engine(engine: str, pidfile: str) -> None:
+    path = ENGINES_DIR / engine / pidfile
+    if not path.exists():
+        pytest.fail(f"{engine} was not started by infra/engines (no {path}): cannot restart it", pytrace=False)
+
+
+@dataclass
+class Supervisor:
+    """Restarts the relay or a worker that exited, as an operator (or systemd) would, and
+    remembers it: the tests assert which processes recover by themselves."""
+
+    cluster: Cluster
+    restarted: list[str] = field(default_factory=list)
+
+    def poll(self) -> None:
+        for name, proc in list(self.cluster.procs.items()):
+            if proc.poll() is not None:
+                self.restarted.append(f"{name}(exit {proc.returncode})")
+                self.cluster.procs.pop(name)
+                self.cluster.start(name)
+
+    def settle(self, d: Deployment, timeout: float = 240.0) -> float:
+        t0 = time.monotonic()
+        while not d.rt.wait_until(d.latest(), timeout=1.0):
+            self.poll()
+            assert time.monotonic() - t0 < timeout, f"not caught up in {timeout} s: {logs(d)}"
+        return time.monotonic() - t0
+
+
+# -- a: kill -9 of an API replica while it sends ------------------------------------------------------
+
+
+class SenderProcess:
+    def __init__(self, d: Deployment, tag: str, count: int, interval: float) -> None:
+        self.lines: list[tuple[float, str, dict[str, Any]]] = []
+        self.changed = threading.Condition()
+        args = [sys.executable, "-m", "tests.distributed.crash_sender", T, CID, str(count), str(interval), tag]
+        self.proc = subprocess.Popen(
+            [*args, MENTIONED, *SENDERS],
+            cwd=ROOT,
+            env=d.cluster.env(),
+            stdout=subprocess.PIPE,
+            stderr=open(d.cluster.logs / "sender.log", "ab"),  # noqa: SIM115
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            kind, _, body = raw.decode().strip().partition(" ")
+            with self.changed:
+                self.lines.append((time.monotonic(), kind, json.loads(body) if body else {}))
+                self.changed.notify_all()
+
+    def wait_for(self, pred: Callable[[str, dict[str, Any]], bool], timeout: float = 60.0) -> float:
+        with self.changed:
+            ok = self.changed.wait_for(lambda: any(pred(k, b) for _, k, b in self.lines), timeout)
+        assert ok, f"the sender never got there: {self.lines}"
+        return next(t for t, k, b in self.lines if pred(k, b))
+
+    def acked(self) -> list[dict[str, Any]]:
+        return [b for _, k, b in self.lines if k == "ACK"]
+
+
+def test_a_kill_9_of_an_api_replica_while_it_sends(deployment: Deployment) -> None:
+    d = deployment
+    for run in range(RUNS):
+        started = time.monotonic()
+        r = rng("a", run)
+        first = check_run(d) + 1
+        tag = f"a{run}"
+        sender = SenderProcess(d, tag, PER_RUN, interval=0.4)
+        ready = sender.wait_for(lambda k, b: k == "READY")
+        # Just after the command of message k went out (often in flight), or at a random moment.
+        if r.random() < 0.5:
+            k = r.randrange(PER_RUN)
+            delay = r.uniform(0.0, 0.03)
+            sender.wait_for(lambda kind, b: kind == "SENDING" and b["i"] == k)  # noqa: B023
+            time.sleep(delay)
+            point = f"{delay * 1000:.0f} ms after sending #{k}"
+        else:
+            delay = r.uniform(0.05, PER_RUN * 0.4)
+            time.sleep(max(0.0, ready + delay - time.monotonic()))
+            point = f"{delay:.2f} s after READY"
+        at_kill = written(d, range(first, first + PER_RUN))
+        sender.proc.send_signal(signal.SIGKILL)
+        sender.proc.wait(10)
+        time.sleep(0.2)  # the reader thread drains the pipe
+        acked = sender.acked()
+        d.acked |= {str(a["message_id"]) for a in acked}
+        in_flight = [b["i"] for _, k, b in sender.lines if k == "SENDING"][len(acked) :]
+        took = settle(d)
+        latest = check_run(d)
+        texts = {m["text"] for m in d.rt.views.messages(T, CID, 0, 10_000)}
+        stored = {i: f"{tag} message {i}" in texts for i in in_flight}
+        note = (
+            f"a run {run}: killed {point}: {len(acked)} acknowledged, unacknowledged in flight -> stored: "
+            f"{stored or '-'}, "
+            f"fan-out at the kill {fmt(at_kill)}; caught up {took:.1f} s later, latest seq {latest}; "
+            f"run {time.monotonic() - started:.1f} s"
+        )
+        print(note, flush=True)
+        d.notes.append(note)
+    d.notes.append(verify(d))
+
+
+def send_spaced(d: Deployment, tag: str, count: int, gap: float) -> None:
+    for _ in range(count):
+        d.send(tag)
+        time.sleep(gap)
+
+
+# -- b: kill -9 of the relay --------------------------------------------------------------------------
+
+
+def test_b_kill_9_of_the_relay(deployment: Deployment) -> None:
+    d = deployment
+    for run in range(RUNS):
+        started = time.monotonic()
+        r = rng("b", run)
+        first = check_run(d) + 1
+        d.send(f"b{run}")
+        wait_fanout_started(d, first)
+        # The rest are sent while the first fans out; the relay dies among them.
+        rest = threading.Thread(target=send_spaced, args=(d, f"b{run}", PER_RUN - 1, 0.3))
+        rest.start()
+        delay = r.uniform(0.0, 0.3 * PER_RUN)
+        time.sleep(delay)
+        relayed = d.rt.engines.relayed_position()
+        at_kill = written(d, range(first, first + PER_RUN))
+        d.cluster.kill("relay")
+        down = r.uniform(0.0, 1.5)
+        time.sleep(down)
+        rest.join()
+        d.cluster.start("relay")
+        took = settle(d)
+        latest = check_run(d)
+        note = (
+            f"b run {run}: relay killed {delay:.2f} s into the fan-out (relayed through {relayed}, log at "
+            f"{d.latest()}; fan-out {fmt(at_kill)}), restarted {down:.2f} s later; caught up in {took:.1f} s, "
+            f"latest seq {latest}; run {time.monotonic() - started:.1f} s"
+        )
+        print(note, flush=True)
+        d.notes.append(note)
+    d.notes.append(verify(d))
+
+
+# -- c: kill -9 of a worker, two running -------------------------------------------------------------
+
+
+def test_c_kill_9_of_a_worker_the_other_takes_over(deployment: Deployment) -> None:
+    d = deployment
+    c = d.cluster
+    c.start("worker-2")
+    c.wait_workers(2)
+    part = partition_of(c.urls["FANOUT_LOG"], d.rt.views.head(T, CID)["position"])  # type: ignore[index]
+    for run in range(RUNS):
+        started = time.monotonic()
+        r = rng("c", run)
+        first = check_run(d) + 1
+        t0 = time.monotonic()
+        while True:  # both workers hold partitions: the group settled
+            held = {n: assignment(c, n)[1] for n in ("worker", "worker-2")}
+            if all(held.values()) and part in set().union(*held.values()):  # type: ignore[arg-type]
+                break
+            assert time.monotonic() - t0 < 60, f"the workers did not share the partitions: {held}"
+            time.sleep(0.2)
+        victim = next(n for n, ps in held.items() if ps and part in ps)
+        other = "worker-2" if victim == "worker" else "worker"
+        d.send(f"c{run}", PER_RUN)
+        wait_fanout_started(d, first)
+        delay = r.uniform(0.0, FANOUT_SECONDS * PER_RUN * 0.8)
+        time.sleep(delay)
+        at_kill = written(d, range(first, first + PER_RUN))
+        before = assignment(c, other)[0]
+        c.kill(victim)
+        killed_at = time.monotonic()
+        while True:  # the other takes the partition over after the session timeout
+            n, ps = assignment(c, other)
+            if n > before and ps and part in ps:
+                break
+            assert time.monotonic() - killed_at < 60, f"{other} did not take partition {part}: {c.log_of(other)}"
+            time.sleep(0.2)
+        takeover = time.monotonic() - killed_at
+        took = settle(d)
+        latest = check_run(d)
+        c.start(victim)  # the operator restarts the killed worker; it rejoins the group
+        c.wait_workers(2)
+        note = (
+            f"c run {run}: {victim} (partition {part} of {held}) killed {delay:.2f} s into the fan-out "
+            f"({fmt(at_kill)}); {other} took partition {part} over {takeover:.1f} s later and caught up "
+            f"{took:.1f} s after; latest seq {latest}; run {time.monotonic() - started:.1f} s"
+        )
+        print(note, flush=True)
+        d.notes.append(note)
+    d.notes.append(verify(d))
+
+
+# -- d: a restart of the Kafka broker ----------------------------------------------------------------
+
+
+def test_d_a_restart_of_the_kafka_broker(deployment: Deployment) -> None:
+    d = deployment
+    require_local_engine("kafka", "kafka.pid")
+    cluster_id = (ENGINES_DIR / "kafka" / "cluster.id").read_text()
+    sup = Supervisor(d.cluster)
+    kafka = kafka_settings(d.cluster.urls["FANOUT_LOG"])
+    bootstrap, topic = kafka.bootstrap, kafka.topic
+    for run in range(RUNS):
+        started = time.monotonic()
+        r = rng("d", run)
+        first = check_run(d) + 1
+        d.send(f"d{run}", PER_RUN - 1)
+        wait_fanout_started(d, first)
+        delay = r.uniform(0.0, FANOUT_SECONDS * (PER_RUN - 1) * 0.8)
+        time.sleep(delay)
+        relayed = relayed_position(bootstrap, topic)
+        at_kill = written(d, range(first, first + PER_RUN))
+        try:
+            down = engine_script("kafka-down.sh")
+            d.send(f"d{run}")  # accepted by PostgreSQL while Kafka is away; relayed after
+            time.sleep(r.uniform(0.0, 2.0))
+        finally:
+            up = engine_script("kafka-up.sh")
+        assert (ENGINES_DIR / "kafka" / "cluster.id").read_text() == cluster_id, "Kafka came back on new data"
+        assert relayed_position(bootstrap, topic) >= relayed, "the topic lost records across the restart"
+        took = sup.settle(d)
+        latest = check_run(d)
+        note = (
+            f"d run {run}: Kafka stopped {delay:.2f} s into the fan-out ({fmt(at_kill)}; relayed through "
+            f"{relayed}), down in {down:.1f} s, up in {up:.1f} s; caught up {took:.1f} s later; restarted: "
+            f"{sup.restarted or 'none'}; latest seq {latest}; run {time.monotonic() - started:.1f} s"
+        )
+        print(note, flush=True)
+        d.notes.append(note)
+    d.notes.append(verify(d))
+
+
+# -- e: a restart of Cassandra -------------------------------------------------------------------------
+
+
+def test_e_a_restart_of_cassandra(deployment: Deployment) -> None:
+    d = deployment
+    require_local_engine("cassandra", "cassandra.pid")
+    sup = Supervisor(d.cluster)
+    for run in range(RUNS):
+        started = time.monotonic()
+        r = rng("e", run)
+        first = check_run(d) + 1
+        d.send(f"e{run}", PER_RUN)
+        wait_fanout_started(d, first)
+        delay = r.uniform(0.0, FANOUT_SECONDS * PER_RUN * 0.8)
+        time.sleep(delay)
+        at_kill = written(d, range(first, first + PER_RUN))
+        try:
+            down = engine_script("cassandra-down.sh")
+            time.sleep(r.uniform(0.0, 1.0))
+        finally:
+            up = engine_script("cassandra-up.sh")
+        took = sup.settle(d)
+        latest = check_run(d)
+        note = (
+            f"e run {run}: Cassandra stopped {delay:.2f} s into the fan-out ({fmt(at_kill)}), down in "
+            f"{down:.1f} s, up in {up:.1f} s; caught up {took:.1f} s later; restarted: "
+            f"{sup.restarted or 'none'}; latest seq {latest}; run {time.monotonic() - started:.1f} s"
+        )
+        print(note, flush=True)
+        d.notes.append(note)
+    d.notes.append(verify(d))
