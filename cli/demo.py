@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -32,12 +33,14 @@ from domain.errors import RateLimited
 from domain.params import Parameters
 from fanout.bootstrap import DataDirLock, EmbeddedRuntime, bootstrap
 from fanout.clock import FakeClock
+from fanout.distributed import DistributedRuntime
 from fanout.push import Connection
 from projections.state import unread_exact
 
 TENANT = "demo"
 BIG = "all-hands"
 FANOUT_FILES = ("events.sqlite", "views.sqlite", "mailbox.", "rebuild-")  # name prefixes
+PUSH_WAIT = 10.0  # seconds a distributed step waits for the online pushes of a message to be counted
 
 
 COST_COLUMNS = ("seq", "kind", "policy", "mailbox_entries", "shards", "online_pushes", "body_bytes")
@@ -161,8 +164,17 @@ def run_demo(
 class _Story:
     STEPS = 10
 
-    def __init__(self, rt: EmbeddedRuntime, clock: FakeClock, n: int, o: _Out, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        rt: EmbeddedRuntime | DistributedRuntime,
+        clock: FakeClock,
+        n: int,
+        o: _Out,
+        loop: asyncio.AbstractEventLoop,
+        settle: Callable[[], None] | None = None,
+    ) -> None:
         self.rt, self.app, self.q, self.clock, self.n, self.o = rt, rt.app, rt.queries, clock, n, o
+        self.settle = settle  # the distributed runtime: wait for the workers (else: project in this thread)
         self.params = rt.params
         self.bucket = self.params.size_bucket(n).value
         self.active_count = max(10, min(300, n // 40))
@@ -182,7 +194,20 @@ class _Story:
     # -- helpers ----------------------------------------------------------------
 
     def project(self) -> None:
-        self.rt.catch_up()
+        if self.settle is not None:
+            self.settle()
+        else:
+            self.rt.catch_up()
+
+    def _delivery(self, cid: str, seq: int) -> dict[str, Any]:
+        """The cost record; on the distributed runtime the online pushes are counted when
+        the workers' Delivered reaches this replica (after the views commit): waited for."""
+        d = self.q.delivery(TENANT, cid, seq)
+        deadline = time.monotonic() + PUSH_WAIT
+        while self.settle is not None and d["online_pushes"] is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            d = self.q.delivery(TENANT, cid, seq)
+        return d
 
     def send(self, cid: str, sender: str, text: str, show: bool = True, **kw: Any) -> int:
         """Send; a rate-limit rejection advances the fake clock by its retry hint."""
@@ -197,7 +222,7 @@ class _Story:
         self.project()
         seq = int(r["conversation_seq"])
         if cid == BIG:
-            d = self.q.delivery(TENANT, cid, seq)
+            d = self._delivery(cid, seq)
             kind = _kind(kw)
             row = {
                 "seq": seq,
@@ -499,6 +524,275 @@ def main_demo(data_dir: Path, members: int, params: Parameters, force: bool, qui
     out: TextIO = open(os.devnull, "w") if quiet else sys.stdout  # noqa: SIM115
     try:
         summary = run_demo(data_dir, members, params=params, force=force, out=out)
+    finally:
+        if quiet:
+            out.close()
+    return 0 if summary["converged"] else 1
+
+
+# -- the same story on the distributed runtime's real engines ---------------------------------
+
+DISTRIBUTED_MEMBERS = 20_000  # default --members with --distributed (see main_distributed_demo)
+ENGINE_KEYS = ("FANOUT_EVENT_STORE", "FANOUT_LOG", "FANOUT_VIEWS")
+SETTLE_TIMEOUT = 300.0  # seconds a step waits for the views before the demo gives up
+START_TIMEOUT = 120.0  # seconds for the relay and the worker to come up
+
+
+def engine_urls(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The three engine URLs: from the environment when it names the distributed engines,
+    else from $FANOUT_ENGINES_DIR/engines.env (written by `make engines-up`)."""
+    env = dict(os.environ if env is None else env)
+    if all(k in env for k in ENGINE_KEYS) and env["FANOUT_EVENT_STORE"].startswith(("postgresql://", "postgres://")):
+        return {k: env[k] for k in ENGINE_KEYS}
+    path = Path(env.get("FANOUT_ENGINES_DIR", "/tmp/fanout-engines")) / "engines.env"
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        raise DemoError(
+            f"no engines: set {', '.join(ENGINE_KEYS)} (postgresql://, kafka://, cassandra://) or start them with "
+            f"`make engines-up` (writes {path})"
+        ) from None
+    urls = {
+        k: v for k, v in (ln.split("=", 1) for ln in lines if "=" in ln and not ln.startswith("#")) if k in ENGINE_KEYS
+    }
+    missing = [k for k in ENGINE_KEYS if k not in urls]
+    if missing:
+        raise DemoError(f"{path} does not name {', '.join(missing)}")
+    return urls
+
+
+def _with(url: str, *, path: str | None = None, query: dict[str, str] | None = None) -> str:
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    u = urlsplit(url)
+    q = dict(parse_qsl(u.query))
+    q.update(query or {})
+    return urlunsplit((u.scheme, u.netloc, u.path if path is None else "/" + path, urlencode(q), ""))
+
+
+class _Namespace:
+    """The demo's own database, topic and keyspace on the shared engines."""
+
+    def __init__(self, base: dict[str, str], partitions: int) -> None:
+        import uuid
+
+        self.name = f"fanout_demo_{uuid.uuid4().hex[:10]}"
+        self.base = base
+        self.urls = {
+            "FANOUT_EVENT_STORE": _with(base["FANOUT_EVENT_STORE"], path=self.name),
+            "FANOUT_LOG": _with(base["FANOUT_LOG"], query={"topic": self.name, "partitions": str(partitions)}),
+            "FANOUT_VIEWS": _with(base["FANOUT_VIEWS"], path=self.name),
+        }
+
+    def _admin(self) -> str:
+        return _with(self.base["FANOUT_EVENT_STORE"], path="postgres")
+
+    def create(self) -> None:
+        import psycopg
+
+        try:
+            with psycopg.connect(self._admin(), autocommit=True, connect_timeout=5) as conn:
+                conn.execute(f'CREATE DATABASE "{self.name}"')
+        except psycopg.Error as exc:
+            raise DemoError(f"PostgreSQL at {self.base['FANOUT_EVENT_STORE']}: {exc}") from None
+
+    def drop(self) -> list[str]:
+        """Drop the database, the topics and the keyspace; returns what could not be dropped."""
+        failed = []
+        try:
+            import psycopg
+
+            with psycopg.connect(self._admin(), autocommit=True, connect_timeout=5) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        except Exception as exc:
+            failed.append(f"database {self.name}: {exc}")
+        try:
+            from confluent_kafka.admin import AdminClient
+
+            from fanout.urls import kafka_settings
+
+            admin = AdminClient({"bootstrap.servers": kafka_settings(self.urls["FANOUT_LOG"]).bootstrap})
+            for f in admin.delete_topics([self.name, f"{self.name}.pushes"], operation_timeout=30).values():
+                try:
+                    f.result(timeout=30)
+                except Exception as exc:  # a topic never created: nothing to drop
+                    if "UNKNOWN_TOPIC" not in str(exc):
+                        raise
+        except Exception as exc:
+            failed.append(f"topic {self.name}: {exc}")
+        try:
+            from cassandra.cluster import Cluster
+
+            from fanout.urls import cassandra_settings
+
+            c = cassandra_settings(self.urls["FANOUT_VIEWS"])
+            cluster = Cluster(list(c.hosts), port=c.port, protocol_version=5)
+            try:
+                cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {c.keyspace}", timeout=120)
+            finally:
+                cluster.shutdown()
+        except Exception as exc:
+            failed.append(f"keyspace {self.name}: {exc}")
+        return failed
+
+
+class _Processes:
+    """`fanout relay` and `fanout worker` as subprocesses of the demo."""
+
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env = env
+        self.logs = logs
+        self.procs: dict[str, Any] = {}
+
+    def start(self, kind: str) -> None:
+        import subprocess
+
+        log = open(self.logs / f"{kind}.log", "ab")  # noqa: SIM115 (owned by the process)
+        args = [sys.executable, "-m", f"cli.{kind}"]
+        self.procs[kind] = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+    def check(self) -> None:
+        for kind, p in self.procs.items():
+            if p.poll() is not None:
+                raise DemoError(f"`fanout {kind}` exited with {p.returncode}: {self.tail(kind)}")
+
+    def tail(self, kind: str, chars: int = 1500) -> str:
+        path = self.logs / f"{kind}.log"
+        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+    def stop(self) -> None:
+        import signal
+        import subprocess
+
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+
+
+def _child_env(urls: dict[str, str]) -> dict[str, str]:
+    """The environment of the subprocesses: this one's FANOUT_ parameters, the demo's URLs."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("FANOUT_") or k not in (*ENGINE_KEYS, "FANOUT_DATA_DIR")
+    }
+    env.update(urls)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_distributed_demo(
+    members: int = DISTRIBUTED_MEMBERS,
+    *,
+    params: Parameters | None = None,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    keep: bool = False,
+    partitions: int = 4,
+    urls: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The demo's story on PostgreSQL, Kafka (relay), Faust (worker) and Cassandra."""
+    import tempfile
+
+    from fanout.bootstrap import bootstrap_distributed
+    from fanout.config import Settings
+
+    params = params or Parameters()
+    o = _Out(out if out is not None else sys.stdout, time.monotonic())
+    progress = err if err is not None else sys.stderr
+    if members < 200:
+        raise DemoError("--members must be at least 200 (the story needs silent and active members)")
+    if members > params.max_group_members:
+        raise DemoError(f"--members {members} exceeds max_group_members={params.max_group_members}")
+    if partitions < 1:
+        raise DemoError("--partitions must be at least 1")
+    ns = _Namespace(urls or engine_urls(), partitions)
+    logs = Path(tempfile.mkdtemp(prefix="fanout-demo-"))
+    procs = _Processes(_child_env(ns.urls), logs)
+
+    def note(text: str) -> None:
+        print(f"demo: {text}", file=progress, flush=True)
+
+    ns.create()
+    rt: DistributedRuntime | None = None
+    loop = asyncio.new_event_loop()
+    try:
+        o.line(f"distributed runtime: database, topic ({partitions} partitions) and keyspace {ns.name}")
+        for k in ENGINE_KEYS:
+            o.line(f"  {k}={ns.urls[k]}")
+        clock = FakeClock(float(int(time.time())))
+        settings = Settings(
+            params, logs, ns.urls["FANOUT_EVENT_STORE"], ns.urls["FANOUT_LOG"], ns.urls["FANOUT_VIEWS"], None
+        )
+        note("creating the event store tables and the keyspace (an API replica)")
+        rt = bootstrap_distributed(settings, clock=clock).start()
+        procs.start("relay")
+        procs.start("worker")
+        note(f"waiting for `fanout relay` and `fanout worker` (logs in {logs})")
+        deadline = time.monotonic() + START_TIMEOUT
+        while rt.engines.workers() < 1:
+            procs.check()
+            if time.monotonic() > deadline:
+                raise DemoError(
+                    f"the worker did not join its consumer group in {START_TIMEOUT:.0f} s: {procs.tail('worker')}"
+                )
+            time.sleep(0.5)
+        runtime = rt
+
+        def settle() -> None:
+            top = runtime.log_position()
+            started = time.monotonic()
+            shown = 0.0
+            while not runtime.wait_until(top, 1.0):
+                procs.check()
+                waited = time.monotonic() - started
+                if waited > SETTLE_TIMEOUT:
+                    raise DemoError(
+                        f"the views stayed at position {runtime.position()} of {top} for {SETTLE_TIMEOUT:.0f} s; "
+                        f"worker log: {procs.tail('worker')}"
+                    )
+                if waited - shown >= 2.0:
+                    shown = waited
+                    note(f"waiting for the views: position {runtime.position()} of {top} ({waited:.0f} s)")
+
+        note("relay and worker up; the story starts")
+        summary = _Story(rt, clock, members, o, loop, settle).run()
+        summary["namespace"] = ns.name
+        summary["urls"] = dict(ns.urls)
+    finally:
+        if rt is not None:
+            rt.close()
+        loop.close()
+        procs.stop()
+        if keep:
+            note(f"kept database, topic and keyspace {ns.name}; logs in {logs}")
+        else:
+            for failure in ns.drop():
+                note(f"could not drop {failure}")
+            shutil.rmtree(logs, ignore_errors=True)
+    summary["seconds"] = round(time.monotonic() - o.started, 2)
+    o.line(f"\ndemo finished in {summary['seconds']:.1f}s on the distributed runtime ({ns.name})")
+    if keep:
+        o.line("  inspect it with: " + " ".join(f"{k}='{ns.urls[k]}'" for k in ENGINE_KEYS) + " fanout verify")
+    return summary
+
+
+def main_distributed_demo(
+    members: int | None, params: Parameters, *, quiet: bool = False, keep: bool = False, partitions: int | None = None
+) -> int:
+    out: TextIO = open(os.devnull, "w") if quiet else sys.stdout  # noqa: SIM115
+    try:
+        summary = run_distributed_demo(
+            members or DISTRIBUTED_MEMBERS, params=params, out=out, err=out if quiet else sys.stderr, keep=keep,
+            partitions=partitions or 4,
+        )  # fmt: skip
     finally:
         if quiet:
             out.close()

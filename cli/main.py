@@ -113,7 +113,7 @@ def cmd_replay(args: argparse.Namespace, settings: Settings, data_dir: Path) -> 
     progress = not args.quiet and sys.stderr.isatty()
     try:  # the file is opened once the filters are checked: a typo leaves it alone
         out = sys.stdout if args.out in (None, "-") else Path(args.out)
-        n = replay(data_dir, settings.params, filters, out, progress=progress)
+        n = replay(data_dir, settings.params, filters, out, progress=progress, settings=settings)
     except ReplayError as exc:
         raise CliError(str(exc)) from None
     if not args.quiet:
@@ -124,13 +124,25 @@ def cmd_replay(args: argparse.Namespace, settings: Settings, data_dir: Path) -> 
 
 
 def cmd_rebuild(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
-    from tools.rebuild import RebuildError, rebuild
+    from fanout.config import is_distributed
+    from tools.rebuild import RebuildError, rebuild, rebuild_distributed
 
     progress = not args.quiet and sys.stderr.isatty()
     try:
-        r = rebuild(data_dir, settings.params, args.target, progress=progress)
+        if is_distributed(settings):
+            r = rebuild_distributed(settings, args.target, progress=not args.quiet)
+        else:
+            r = rebuild(data_dir, settings.params, args.target, progress=progress)
     except RebuildError as exc:
         raise CliError(str(exc)) from None
+    if r.changed:
+        print(
+            f"rebuilt {r.target} from the log up to position {r.position} in {r.seconds:.2f}s; merged into the live tables:"
+        )
+        for table, n in r.rows.items():
+            up, deleted = r.changed[table]
+            print(f"  {table:<19} {n:>12,} rows  ({up:,} written, {deleted:,} deleted)")
+        return 0
     print(f"rebuilt {r.target} from the log up to position {r.position} in {r.seconds:.2f}s; swapped in:")
     for table, n in r.rows.items():
         print(f"  {table:<10} {n:>12,} rows")
@@ -138,18 +150,22 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
 
 
 def cmd_verify(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
-    from tools.rebuild import RebuildError, verify
+    from fanout.config import is_distributed
+    from tools.rebuild import RebuildError, verify, verify_distributed
 
     progress = not args.quiet and sys.stderr.isatty()
     try:
-        r = verify(data_dir, settings.params, limit=args.limit, progress=progress)
+        if is_distributed(settings):
+            r = verify_distributed(settings, limit=args.limit, progress=not args.quiet)
+        else:
+            r = verify(data_dir, settings.params, limit=args.limit, progress=progress)
     except RebuildError as exc:
         raise CliError(str(exc)) from None
     print(f"verified views against the log up to position {r.position} in {r.seconds:.2f}s")
     for table, n in r.rows.items():
         c = r.counts.get(table)
         state = "ok" if c is None else f"DIFFERS: {c[0]} live-only, {c[1]} recomputed-only"
-        print(f"  {table:<10} {n:>12,} rows  {state}")
+        print(f"  {table:<19} {n:>12,} rows  {state}")
     for table, (live, recomputed) in r.differences.items():
         print(f"\n{table}: first differences (ignoring materialized_at, online_pushes)")
         for row in live:
@@ -168,7 +184,7 @@ def cmd_analyze(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
 
     try:
         if args.what == "capacity":
-            report = analyze.capacity_report(data_dir, settings.params)
+            report = analyze.capacity_report(data_dir, settings.params, settings)
             if args.png:
                 analyze.plot_capacity(report, Path(args.png))  # draws, or refuses with exit 2
             if args.json:
@@ -190,6 +206,7 @@ def cmd_analyze(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
             min_saving=args.min_saving,
             max_active_ratio=args.max_active_ratio,
             now=at,
+            settings=settings,
         )
     except (analyze.AnalyzeError, ValueError) as exc:
         raise CliError(str(exc)) from None
@@ -211,7 +228,14 @@ def cmd_demo(args: argparse.Namespace, settings: Settings, data_dir: Path) -> in
     from cli.demo import DemoError, main_demo
 
     try:
-        return main_demo(data_dir, args.members, settings.params, args.force, args.quiet)
+        if args.distributed:
+            from cli.demo import main_distributed_demo
+
+            return main_distributed_demo(args.members, settings.params, quiet=args.quiet, keep=args.keep,
+                                         partitions=args.partitions)  # fmt: skip
+        if args.keep or args.partitions is not None:
+            raise CliError("--keep and --partitions go with --distributed")
+        return main_demo(data_dir, args.members or 100_000, settings.params, args.force, args.quiet)
     except DemoError as exc:
         raise CliError(str(exc)) from None
 
@@ -227,6 +251,7 @@ examples:
   fanout verify
   fanout analyze alpha --tenant acme --min-saving 20000 --max-active-ratio 0.05 --png alpha.png
   fanout demo --data-dir /tmp/fanout-demo --members 100000
+  fanout demo --distributed --members 20000
 
 settings: every parameter of SPEC section 3 is read from FANOUT_<NAME> (e.g.
 FANOUT_POLICY_SWITCH_MIN_INTERVAL=2s) or from --config FILE (TOML, same names);
@@ -297,7 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
         "write the event log as JSONL (analysts)",
         "Stream every event of the log as one JSON line: position, type (e.g. Conversation.MessageSent), "
         "originator_id, version, timestamp (UTC, when recorded), tenant and conversation_id where they apply, "
-        "and the event's attributes. Runs beside `fanout serve` (no lock, nothing written). "
+        "and the event's attributes. Runs beside `fanout serve` (no lock, nothing written). Distributed runtime "
+        "(FANOUT_EVENT_STORE=postgresql://...): reads the PostgreSQL log, beside the replicas and workers. "
         "Filters combine with AND; an unknown event type, or a tenant or conversation not in the log, is an error "
         "(exit 2) listing what there is.",
         "fanout replay --since 2026-08-14T00:00:00Z --type MessageSent --tenant acme --out - | jq .seq",
@@ -320,7 +346,14 @@ def build_parser() -> argparse.ArgumentParser:
         "Rebuild mailbox, state (UserConversationState), heads (heads, messages, delivery records, reviews, tiers) "
         "or all, from position 0 of the log, aside (rebuild-* files), then swap: whole stores for all/mailbox, "
         "one transaction for state/heads. Takes the data-dir lock: stop `fanout serve` first. "
-        "materialized_at and online_pushes of existing delivery records are kept.",
+        "materialized_at and online_pushes of existing delivery records are kept.\n\n"
+        "Distributed runtime (FANOUT_VIEWS=cassandra://.../KS, ADR-0016): builds aside in keyspace KS_rebuild from "
+        "the PostgreSQL log up to the position the views hold, then merges it into the live tables of KS (rows "
+        "missing or different written, rows the log does not explain deleted; runtime facts kept) and drops "
+        "KS_rebuild. Before it: stop the relay, let the workers reach the log (GET /readyz views_position = "
+        "event_store), stop EVERY `fanout worker` (refused while any is in the consumer group, or while the "
+        "partitions stand at different positions). API replicas may keep serving: reads see each row old or "
+        "rebuilt, writes queue in PostgreSQL. Afterwards start the workers, then the relay.",
         "fanout rebuild all --data-dir ./data",
     )
     p.add_argument("target", choices=["mailbox", "state", "heads", "all"], help="what to rebuild")
@@ -332,7 +365,12 @@ def build_parser() -> argparse.ArgumentParser:
         "recompute everything from the log and diff it with the views",
         "Project the whole log into a scratch dir and compare it with the live views table by table "
         "(ignoring materialized_at and online_pushes) and the mailbox entry sets. Exits 0 when equal, 1 when "
-        "anything differs. Takes the data-dir lock: stop `fanout serve` first.",
+        "anything differs. Takes the data-dir lock: stop `fanout serve` first.\n\n"
+        "Distributed runtime: projects the PostgreSQL log into a scratch keyspace (KS_verify_<id>, dropped "
+        "afterwards) up to the position the Cassandra views hold and compares the two table by table, streaming "
+        "(progress on stderr). Runs beside replicas and workers while no event is being applied: it waits up to "
+        "60 s for every log partition to stand at one position and fails (exit 2) if the views moved meanwhile; "
+        "under traffic, stop the relay first.",
         "fanout verify --data-dir ./data --limit 5",
     )
     p.add_argument("--limit", type=int, default=10, help="differences shown per table (default 10)")
@@ -350,7 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
         "values 20000 and 0.05, marked as such). "
         "capacity: fanout entries/s, budget use and the T1/T2 state; --png plots entries/s over the window "
         "against the T1/T2 limits (refused with exit 2 when nothing was sent). "
-        "Reads the views only; runs beside serve.",
+        "Reads the views only; runs beside serve (distributed runtime: the Cassandra views; capacity merges "
+        "the windows of every log partition).",
         "fanout analyze alpha --tenant acme --min-saving 20000 --max-active-ratio 0.05 --png alpha.png",
     )
     p.add_argument("what", choices=["alpha", "capacity"], help="which analysis")
@@ -368,10 +407,19 @@ def build_parser() -> argparse.ArgumentParser:
         "A large group and two small ones, driven with a fake clock (rate gates and the 24 h interval are "
         "honoured without waiting): sends with their cost records, low alpha, a review enabling mention_only, "
         "the switch, sends in mention_only, silent versus active sessions, PULL_HISTORY, a tier rollback, "
-        "MARK_READ/REBUILD and the converged exact counts. Exits 1 if the counts do not converge.",
+        "MARK_READ/REBUILD and the converged exact counts. Exits 1 if the counts do not converge.\n\n"
+        "--distributed: the same story on the real engines, named by FANOUT_EVENT_STORE/FANOUT_LOG/FANOUT_VIEWS "
+        "or by $FANOUT_ENGINES_DIR/engines.env (`make engines-up`): a fresh database, topic and keyspace of its "
+        "own (dropped at the end unless --keep), `fanout relay` and `fanout worker` as subprocesses, the commands "
+        "through an API replica, every step waiting for the views (progress on stderr).",
         "fanout demo --data-dir /tmp/fanout-demo --members 100000",
     )
-    p.add_argument("--members", type=int, default=100_000, help="members of the large group (default 100000)")
+    p.add_argument(
+        "--members", type=int, default=None, help="members of the large group (default 100000; --distributed 20000)"
+    )
+    p.add_argument("--distributed", action="store_true", help="run on PostgreSQL, Kafka, Faust and Cassandra")
+    p.add_argument("--keep", action="store_true", help="--distributed: keep the database, topic and keyspace")
+    p.add_argument("--partitions", type=int, help="--distributed: partitions of the demo's topic (default 4)")
     p.add_argument("--force", action="store_true", help="delete fanout's files in a non-empty data dir first")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing")
     p.set_defaults(func=cmd_demo)

@@ -3,7 +3,9 @@ deciding enable_mention_only (alpha per size bucket, the enter criterion, N_eq) 
 the capacity signals T1/T2.
 
 Reads the views only (no lock: it runs beside `fanout serve`); the RocksDB mailbox
-is not opened, since a running server holds its lock and nothing here needs it."""
+is not opened, since a running server holds its lock and nothing here needs it. On the
+distributed runtime (FANOUT_VIEWS=cassandra://...) it reads the Cassandra views, beside
+the API replicas and the workers; capacity merges the per-partition windows."""
 
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ from domain.params import Parameters, SizeBucket
 from domain.policy import equivalent_threshold, meets_enter_criterion, read_diffusion_saving
 from domain.tier import Tier
 from fanout.bootstrap import open_views_only
+from fanout.config import Settings, is_distributed
 from fanout.queries import Queries
-from projections.capacity import CapacityProjection
+from projections.capacity import CapacityProjection, merged, state_name
 from projections.ports import ViewStore
 
 
@@ -25,7 +28,16 @@ class AnalyzeError(RuntimeError):
     pass
 
 
-def open_views(data_dir: Path) -> ViewStore:
+def open_views(data_dir: Path, settings: Settings | None = None) -> ViewStore:
+    """The data dir's SQLite views without their mailbox, or the Cassandra views when the
+    settings name the distributed engines (FANOUT_VIEWS=cassandra://...)."""
+    if settings is not None and is_distributed(settings):
+        from fanout.bootstrap import open_distributed_views
+
+        try:
+            return open_distributed_views(settings)
+        except Exception as exc:
+            raise AnalyzeError(f"cannot open the views of FANOUT_VIEWS: {type(exc).__name__}: {exc}") from None
     if not (Path(data_dir) / "views.sqlite").exists():
         raise AnalyzeError(f"{data_dir} has no views (views.sqlite); run `fanout serve` or `fanout rebuild all` first")
     return open_views_only(data_dir)  # analyze reads heads and states only
@@ -75,6 +87,7 @@ def alpha_report(
     min_saving: float | None = None,
     max_active_ratio: float | None = None,
     now: float | None = None,
+    settings: Settings | None = None,
 ) -> dict[str, Any]:
     """Per size bucket: conversations, members, alpha mean/p50/p90 and, under the given
     review parameters (else the enabled tier's, else the latest review decided with
@@ -83,7 +96,7 @@ def alpha_report(
     if (min_saving is None) != (max_active_ratio is None):
         raise AnalyzeError("give both --min-saving and --max-active-ratio, or neither (then each tier's are used)")
     now = time.time() if now is None else now
-    views = open_views(data_dir)
+    views = open_views(data_dir, settings)
     try:
         q = Queries(views, params)
         tenants = [tenant] if tenant else views.tenants()
@@ -356,13 +369,20 @@ def plot_alpha(report: dict[str, Any], path: Path, params: Parameters | None = N
     return data
 
 
-def capacity_report(data_dir: Path, params: Parameters) -> dict[str, Any]:
-    views = open_views(data_dir)
+def capacity_report(data_dir: Path, params: Parameters, settings: Settings | None = None) -> dict[str, Any]:
+    """The capacity window: the one state of the embedded runtime, or on the distributed
+    one the states of every log partition (`capacity`, `capacity.p<N>`) merged."""
+    views = open_views(data_dir, settings)
     try:
-        state = views.capacity_state(CapacityProjection.name)
+        if settings is not None and is_distributed(settings):
+            from fanout.bootstrap import log_partitions
+
+            states = [views.capacity_state(state_name(p)) for p in range(log_partitions(settings))]
+            cap = merged(params, [st for st in states if st])
+        else:
+            cap = CapacityProjection(params, state=views.capacity_state(CapacityProjection.name))
     finally:
         views.close()
-    cap = CapacityProjection(params, state=state)
     rates = cap.rates()
     limits = cap.limits()
     t1_limit, t2_limit = limits["T1"], limits["T2"]

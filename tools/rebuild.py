@@ -52,6 +52,8 @@ class RebuildResult:
     position: int
     rows: dict[str, int]
     seconds: float
+    # distributed: table -> (rows upserted, rows deleted) by the merge into the live table
+    changed: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -161,6 +163,7 @@ def _rows(data_dir: Path, target: str, parts: frozenset[str], params: Parameters
 
 # -- verify ------------------------------------------------------------------------------
 
+
 def verify(
     data_dir: Path,
     params: Parameters,
@@ -259,3 +262,236 @@ def _bar(desc: str, start: int, end: int, enabled: bool, out: TextIO) -> Iterato
         bar.update(max(0, bar.total - bar.n))
     finally:
         bar.close()
+
+
+# -- the distributed runtime (PostgreSQL log, Cassandra views) ------------------------------
+#
+# The views are built aside from the PostgreSQL log into another keyspace of the same
+# cluster, up to the position P the live views hold, and compared with the live keyspace
+# (verify) or merged into it (rebuild): docs/adr/0016-rebuild-on-cassandra.md. P is one
+# position only when every log partition has applied the same one (each partition's last
+# relay watermark): a views store whose partitions stand at different positions holds
+# events past the lowest of them, which no single position of the log describes.
+
+SETTLE_TIMEOUT = 60.0  # seconds verify waits for the partitions to stand at one position
+VERIFY_SUFFIX = "_verify_"
+REBUILD_SUFFIX = "_rebuild"
+
+
+class _LogUntil:
+    """The application as the projection runner sees it, with the log ending at `top`:
+    the runner projects positions 1..top and stops (the live log moves on meanwhile)."""
+
+    def __init__(self, app: Any, top: int) -> None:
+        self.mapper = app.mapper
+        self.recorder = self
+        self._recorder = app.recorder
+        self._top = top
+
+    def max_notification_id(self) -> int:
+        return self._top
+
+    def select_notifications(self, *args: Any, **kwargs: Any) -> Any:
+        return self._recorder.select_notifications(*args, **kwargs)
+
+
+def _aside_keyspace(live: str, suffix: str) -> str:
+    return f"{live[: 48 - len(suffix)]}{suffix}"
+
+
+def one_position(positions: dict[tuple[str, int], int], partitions: int) -> tuple[int, int]:
+    """(lowest, highest) position over the log partitions and the projections a worker tracks."""
+    from projections.hosting import PROJECTIONS
+
+    values = [positions.get((name, p), 0) for name in PROJECTIONS for p in range(partitions)]
+    return min(values), max(values)
+
+
+def _settled(aside: Any, partitions: int, timeout: float, err: TextIO, progress: bool) -> dict[tuple[str, int], int]:
+    """The live tracking positions once every partition stands at one position."""
+    deadline = time.monotonic() + timeout
+    said = False
+    while True:
+        positions = aside.positions()
+        lo, hi = one_position(positions, partitions)
+        if lo == hi:
+            return dict(positions)
+        if time.monotonic() >= deadline:
+            raise RebuildError(
+                f"the views are not at one log position (partitions between {lo} and {hi} after {timeout:.0f} s): "
+                "the workers are applying events. Let them catch up with no traffic, or stop the relay, let the "
+                "workers drain, stop them, and run this again"
+            )
+        if progress and not said:
+            print(f"waiting for the views' partitions to stand at one position ({lo}..{hi})", file=err, flush=True)
+            said = True
+        time.sleep(0.5)
+
+
+def _build_distributed(
+    settings: Any, app: Any, keyspace: str, top: int, parts: frozenset[str], desc: str, progress: bool, out: TextIO
+) -> Any:
+    """Project positions 1..top of the PostgreSQL log into a fresh keyspace (its tables
+    created by the Cassandra views adapter), no effects; returns those views (open)."""
+    from fanout.bootstrap import open_distributed_views
+
+    store = open_distributed_views(settings, keyspace=keyspace)
+    try:
+        runner = EmbeddedRunner(_LogUntil(app, top), store, settings.params, parts=parts)  # type: ignore[arg-type]
+        with _bar(desc, 0, top, progress, out) as bar:
+            runner.catch_up(lambda _n: bar(runner.position(), top))
+        built = runner.position()
+        if built != top:
+            raise RebuildError(f"the build aside stopped at position {built} of {top}")
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def _table_progress(progress: bool, out: TextIO, what: str) -> Callable[[str, int], None] | None:
+    if not progress:
+        return None
+    shown: dict[str, float] = {}
+
+    def report(table: str, n: int) -> None:
+        now = time.monotonic()
+        if now - shown.get(table, 0.0) > 0.5:
+            print(f"\r{what} {table}: {n:,} rows".ljust(60), end="", file=out, flush=True)
+            shown[table] = now
+
+    return report
+
+
+def verify_distributed(
+    settings: Any,
+    *,
+    limit: int = 10,
+    progress: bool = True,
+    out: TextIO = sys.stderr,
+    settle_timeout: float = SETTLE_TIMEOUT,
+) -> VerifyResult:
+    """Project the PostgreSQL log into a scratch keyspace up to the position the live
+    Cassandra views hold, and compare the two table by table (runtime facts ignored).
+    Runs beside the workers when no event is being applied (it waits up to
+    `settle_timeout` for the partitions to stand at one position, and fails if they moved
+    while it ran); with traffic, stop the relay first."""
+    import uuid
+
+    from fanout.bootstrap import cassandra_aside_builds, log_partitions, open_application_for, open_distributed_views
+
+    started = time.monotonic()
+    partitions = log_partitions(settings)
+    app = open_application_for(settings)
+    live = open_distributed_views(settings)
+    aside = cassandra_aside_builds(live)
+    scratch = _aside_keyspace(live.keyspace, VERIFY_SUFFIX + uuid.uuid4().hex[:8])
+    built: Any = None
+    try:
+        before = _settled(aside, partitions, settle_timeout, out, progress)
+        top = one_position(before, partitions)[0]
+        if top > (app.recorder.max_notification_id() or 0):
+            raise RebuildError(f"the views are at position {top}, past the end of the log: wrong FANOUT_EVENT_STORE?")
+        built = _build_distributed(settings, app, scratch, top, ALL_PARTS, "recompute", progress, out)
+        built.close()
+        built = None
+        tables = aside.diff(scratch, limit, _table_progress(progress, out, "compare"))
+        if progress:
+            print(file=out)
+        after = aside.positions()
+        if after != before:
+            lo, hi = one_position(after, partitions)
+            raise RebuildError(
+                f"the views moved while verify ran (from {top} to {lo}..{hi}): run it with no traffic, or with "
+                "the relay stopped and the workers drained"
+            )
+        result = VerifyResult(position=top, rows={})
+        live_pos, new_pos = tables.positions
+        if live_pos != new_pos:
+            result.differences["tracking"] = ([("delivery", live_pos)], [("delivery", new_pos)])
+            result.counts["tracking"] = (1, 1)
+        result.rows.update(tables.rows)
+        result.differences.update(tables.differences)
+        result.counts.update(tables.counts)
+    finally:
+        if built is not None:
+            built.close()
+        try:
+            aside.remove(scratch)
+        finally:
+            live.close()
+            app.close()
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def rebuild_distributed(
+    settings: Any,
+    target: str,
+    *,
+    progress: bool = True,
+    out: TextIO = sys.stderr,
+) -> RebuildResult:
+    """Rebuild `target` of the Cassandra views: with every worker stopped and the views'
+    partitions at one position P, project the PostgreSQL log 1..P into `<keyspace>_rebuild`,
+    then merge its tables into the live ones (upserts, then deletes) and drop it."""
+    from fanout.bootstrap import (
+        cassandra_aside_builds,
+        log_partitions,
+        open_application_for,
+        open_distributed_views,
+        worker_group_members,
+    )
+
+    if target not in TARGETS:
+        raise RebuildError(f"rebuild target must be one of {', '.join(TARGETS)}")
+    parts = TARGETS[target]
+    started = time.monotonic()
+    partitions = log_partitions(settings)
+
+    def no_workers() -> None:
+        n = worker_group_members(settings)
+        if n:
+            raise RebuildError(
+                f"{n} `fanout worker` process(es) are in the consumer group: stop every worker first "
+                "(after letting them drain: stop the relay, wait for the views to reach the log), then run this again"
+            )
+
+    no_workers()
+    app = open_application_for(settings)
+    live = open_distributed_views(settings)
+    aside = cassandra_aside_builds(live)
+    keyspace = _aside_keyspace(live.keyspace, REBUILD_SUFFIX)
+    built: Any = None
+    try:
+        before = aside.positions()
+        top, hi = one_position(before, partitions)
+        if top != hi:
+            raise RebuildError(
+                f"the views' partitions stand at different positions ({top}..{hi}): the workers were stopped "
+                "mid-stream. Stop the relay, start the workers until the views reach the log, stop them, run this again"
+            )
+        aside.remove(keyspace)  # a crashed rebuild's leftovers
+        built = _build_distributed(settings, app, keyspace, top, parts, f"rebuild {target}", progress, out)
+        built.close()
+        built = None
+        no_workers()
+        tables = aside.tables_of(parts)
+        try:
+            merged = aside.swap(keyspace, tables, before, _table_progress(progress, out, "switch"))
+        except StaleAside as exc:
+            raise RebuildError(str(exc)) from None
+        if progress:
+            print(file=out)
+    finally:
+        if built is not None:
+            built.close()
+        try:
+            aside.remove(keyspace)
+        finally:
+            live.close()
+            app.close()
+    rows = {t: m.rows for t, m in merged.items()}
+    result = RebuildResult(target, top, rows, time.monotonic() - started)
+    result.changed = {t: (m.upserted, m.deleted) for t, m in merged.items()}
+    return result

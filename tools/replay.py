@@ -5,7 +5,8 @@ originator_id, version, timestamp (UTC, when the event was recorded), tenant and
 conversation_id where they apply, then the event's own attributes.
 
 Reads the event store without the data-dir lock (it runs beside `fanout serve`):
-it builds a FanoutApplication directly over the SQLite event store and pages
+it builds a FanoutApplication directly over the SQLite event store (or the PostgreSQL
+one that FANOUT_EVENT_STORE=postgresql://... names: the distributed runtime) and pages
 through `select_notifications`; nothing is written. The replay stops at the log
 position it saw when it started.
 
@@ -34,6 +35,7 @@ from domain.quota import TenantQuota
 from domain.review import Review, topics_of
 from domain.tier import Tier
 from fanout import strict_json
+from fanout.config import Settings, is_distributed
 from projections.ports import ViewStore
 
 PAGE = 1000
@@ -173,11 +175,12 @@ class _Keys:
     """originator_id -> (tenant, conversation_id): from Created events seen while
     streaming, else from the views (conversations), else from the aggregate."""
 
-    def __init__(self, app: Any, data_dir: Path) -> None:
+    def __init__(self, app: Any, data_dir: Path | None) -> None:
         self.app = app
         self.known: dict[UUID, tuple[str | None, str | None]] = {}
         self._views: ViewStore | None = None
-        if (data_dir / "views.sqlite").exists():
+        # Distributed (no data dir): keys from the log and the aggregates only, no Cassandra session.
+        if data_dir is not None and (data_dir / "views.sqlite").exists():
             from fanout.bootstrap import open_views_only
 
             try:  # read-only: replay runs beside a running serve
@@ -218,15 +221,26 @@ class _Keys:
             self._views.close()
 
 
-def open_app(data_dir: Path, params: Parameters) -> Any:
-    from fanout.bootstrap import open_application
+def open_app(data_dir: Path, params: Parameters, settings: Settings | None = None) -> Any:
+    """The application over the log: the data dir's SQLite store, or the PostgreSQL one
+    when the settings name the distributed engines (FANOUT_EVENT_STORE=postgresql://...)."""
+    from fanout.bootstrap import open_application, open_application_for
 
+    if settings is not None and is_distributed(settings):
+        try:
+            app = open_application_for(settings)
+            app.recorder.max_notification_id()  # the tables exist (none is created here)
+        except Exception as exc:
+            raise ReplayError(
+                f"cannot read the event store of FANOUT_EVENT_STORE: {type(exc).__name__}: {exc}"
+            ) from None
+        return app
     if not (data_dir / "events.sqlite").exists():
         raise ReplayError(f"{data_dir} has no event store (events.sqlite)")
     return open_application(params, data_dir, create_tables=False)
 
 
-def events(app: Any, data_dir: Path, f: Filters, progress: Any = None) -> Iterator[dict[str, Any]]:
+def events(app: Any, data_dir: Path | None, f: Filters, progress: Any = None) -> Iterator[dict[str, Any]]:
     """The replay lines as dicts, filtered."""
     top = app.recorder.max_notification_id() or 0
     keys = _Keys(app, data_dir)
@@ -292,22 +306,25 @@ def replay(
     *,
     progress: bool = True,
     err: TextIO = sys.stderr,
+    settings: Settings | None = None,
 ) -> int:
     """Write the JSONL lines to `out` (a stream, or a file opened once the filters are
-    known to name things that exist); returns how many were written."""
+    known to name things that exist); returns how many were written. `settings` naming
+    the distributed engines: the log is read from PostgreSQL instead of the data dir."""
     check_types(filters.types)
-    app = open_app(Path(data_dir), params)
+    app = open_app(Path(data_dir), params, settings)
+    where = None if settings is not None and is_distributed(settings) else Path(data_dir)
     try:
         check_scope(app, filters)
         if isinstance(out, Path):
             with open(out, "w", encoding="utf-8") as stream:
-                return _write(app, Path(data_dir), filters, stream, progress, err)
-        return _write(app, Path(data_dir), filters, out, progress, err)
+                return _write(app, where, filters, stream, progress, err)
+        return _write(app, where, filters, out, progress, err)
     finally:
         app.close()
 
 
-def _write(app: Any, data_dir: Path, filters: Filters, out: TextIO, progress: bool, err: TextIO) -> int:
+def _write(app: Any, data_dir: Path | None, filters: Filters, out: TextIO, progress: bool, err: TextIO) -> int:
     from tqdm import tqdm
 
     top = app.recorder.max_notification_id() or 0

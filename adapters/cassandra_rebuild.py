@@ -1,0 +1,327 @@
+"""The Cassandra side of `fanout rebuild` and `fanout verify` (the AsideBuilds port, with
+keyspaces where the SQLite side has file prefixes): views built aside in another keyspace
+of the same cluster are compared with the live keyspace, or merged into it.
+
+Cassandra renames neither tables nor keyspaces, and the readers (API replicas, workers)
+name the live keyspace in FANOUT_VIEWS. So the switch is a MERGE, table by table, into the
+live tables (docs/adr/0016-rebuild-on-cassandra.md): every row of the rebuilt table that
+is missing or different in the live one is upserted (the runtime facts of a live row
+carried over), then every live row the rebuilt table lacks is deleted. A reader sees each
+row either as it was or as rebuilt, never a table emptied first. The tool runs it with the
+workers stopped (nothing else writes the views), and checks the live tracking positions
+did not move before it starts (StaleAside).
+
+Comparison and merge stream both tables in token order (a full scan of a table comes back
+in token order, then clustering order within a partition, and both keyspaces share the
+cluster's partitioner): rows are grouped by token and the groups merged, so memory holds
+one partition at a time (a 100k-member group's state partition at most), not a table.
+
+The tables and their keys are read from system_schema: this module knows the table names
+(adapters/cassandra_views.py and adapters/cassandra_mailbox.py create them) and which
+columns are runtime facts, nothing else. It stands alone (adapters do not import each
+other); the composition root hands it the live views' session."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from cassandra.cluster import Session
+from cassandra.concurrent import execute_concurrent
+from cassandra.query import PreparedStatement, SimpleStatement
+
+from projections.ports import StaleAside, StoreDiff
+
+# The tables each part of the views writes (the mailbox is a table of the keyspace here).
+PART_TABLES: dict[str, tuple[str, ...]] = {
+    "mailbox": ("mailbox",),
+    "state": ("conversation_states", "user_states"),
+    "heads": (
+        "heads",
+        "heads_by_aggregate",
+        "heads_by_tenant",
+        "messages",
+        "broadcasts",
+        "delivery",
+        "reviews",
+        "reviews_by_tenant",
+        "tiers",
+    ),
+}
+TABLES: tuple[str, ...] = (*PART_TABLES["heads"][:5], *PART_TABLES["state"], *PART_TABLES["heads"][5:], "mailbox")
+
+# Runtime facts, not derived from the log: ignored by verify, carried over by a merge.
+# (delivery: when and to how many online devices the message was first pushed; reviews:
+# the write stamp that orders a tenant's reviews.)
+RUNTIME_COLUMNS: dict[str, tuple[str, ...]] = {
+    "delivery": ("materialized_at", "online_pushes"),
+    "reviews": ("written",),
+    "reviews_by_tenant": ("written",),
+}
+TRACKED = "delivery"  # the projection whose positions say how far the views are
+FETCH = 5000  # rows per page of a scan
+IN_FLIGHT = 100  # writes in the air during a merge
+TIMEOUT = 300.0
+
+Progress = Callable[[str, int], None]  # (table, rows read from the live table so far)
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    keys: tuple[str, ...]  # partition key then clustering columns, in order
+    partition: tuple[str, ...]
+    values: tuple[str, ...]  # regular columns, sorted
+    runtime: tuple[str, ...]
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return (*self.keys, *self.values)
+
+    @property
+    def compared(self) -> tuple[str, ...]:
+        return tuple(c for c in self.values if c not in self.runtime)
+
+
+@dataclass
+class Merged:
+    """What a merge changed in one live table."""
+
+    rows: int = 0  # rows in the table after the merge
+    upserted: int = 0
+    deleted: int = 0
+
+
+class CassandraAsideBuilds:
+    """Views built aside in another keyspace, compared with or merged into the live one."""
+
+    tables: tuple[str, ...] = TABLES
+
+    def __init__(self, session: Session, keyspace: str) -> None:
+        self.session = session
+        self.keyspace = keyspace  # the live keyspace (FANOUT_VIEWS)
+        self._tables: dict[str, Table] = {}
+
+    def tables_of(self, parts: frozenset[str]) -> list[str]:
+        """The tables the writes of `parts` go to (the mailbox table too)."""
+        return [t for t in TABLES if any(t in PART_TABLES[p] for p in parts)]
+
+    # -- keyspaces -----------------------------------------------------------------------
+
+    def remove(self, keyspace: str) -> None:
+        """Drop a keyspace built aside (nothing if there is none); never the live one."""
+        if keyspace == self.keyspace:
+            raise ValueError(f"{keyspace} is the live keyspace")
+        self.session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=TIMEOUT)
+
+    def positions(self, keyspace: str | None = None) -> dict[tuple[str, int], int]:
+        """(projection, partition) -> position tracked in a keyspace (default: the live one)."""
+        rows = self.session.execute(
+            f"SELECT projection, partition, position FROM {keyspace or self.keyspace}.tracking", timeout=TIMEOUT
+        )
+        return {(r["projection"], int(r["partition"])): int(r["position"]) for r in rows}
+
+    def rows(self, tables: Iterable[str], keyspace: str | None = None) -> dict[str, int]:
+        """table -> rows (a scan each)."""
+        ks = keyspace or self.keyspace
+        return {
+            t: int(self.session.execute(f"SELECT count(*) AS n FROM {ks}.{t}", timeout=TIMEOUT).one()["n"])
+            for t in tables
+        }
+
+    # -- compare ---------------------------------------------------------------------------
+
+    def diff(self, rebuilt: str, limit: int, progress: Progress | None = None) -> StoreDiff:
+        """Compare every table of the live keyspace with the rebuilt keyspace's (runtime
+        facts left out); positions: the delivery projection's low watermark in each."""
+        live_pos = self.positions()
+        new_pos = self.positions(rebuilt)
+        result = StoreDiff(positions=(_low(live_pos), _low(new_pos)), rows={})
+        for name in self.tables:
+            table = self._table(name)
+            only_live: list[tuple[Any, ...]] = []
+            only_new: list[tuple[Any, ...]] = []
+            counts = [0, 0]
+            total = 0
+            for live, new in self._merge(table, rebuilt, progress):
+                if live is not None:
+                    total += 1
+                if live is not None and new is not None and _same(table, live, new):
+                    continue
+                for side, row, bucket in ((0, live, only_live), (1, new, only_new)):
+                    if row is not None:
+                        counts[side] += 1
+                        if len(bucket) < limit:
+                            bucket.append(_shown(table, row))
+            result.rows[name] = total
+            if counts[0] or counts[1]:
+                result.differences[name] = (only_live, only_new)
+                result.counts[name] = (counts[0], counts[1])
+        return result
+
+    # -- switch ----------------------------------------------------------------------------
+
+    def swap(
+        self,
+        rebuilt: str,
+        tables: Iterable[str],
+        expect: dict[tuple[str, int], int],
+        progress: Progress | None = None,
+    ) -> dict[str, Merged]:
+        """Merge the rebuilt keyspace's `tables` into the live ones: upserts of the rows
+        missing or different (the live runtime facts carried over), then deletes of the
+        live rows the rebuild lacks. StaleAside, with nothing written, if the live tracking
+        positions are not `expect` (the views moved since the build started)."""
+        if self.positions() != expect:
+            raise StaleAside("the live views moved during the rebuild (a worker ran?); nothing was switched")
+        out: dict[str, Merged] = {}
+        for name in tables:
+            table = self._table(name)
+            insert = self._insert(table)
+            delete = self._delete(table)
+            m = Merged()
+            upserts: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
+            deletes: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
+            for live, new in self._merge(table, rebuilt, progress):
+                if new is None:
+                    deletes.append((delete, tuple(live[k] for k in table.keys)))  # type: ignore[index]
+                    continue
+                m.rows += 1
+                if live is not None and _same(table, live, new):
+                    continue
+                row = dict(new)
+                if live is not None:
+                    row.update({c: live[c] for c in table.runtime})
+                upserts.append((insert, tuple(_bound(row[c]) for c in table.columns)))
+                if len(upserts) >= FETCH:
+                    self._run(upserts)
+                    m.upserted += len(upserts)
+                    upserts = []
+            self._run(upserts)
+            m.upserted += len(upserts)
+            self._run(deletes)
+            m.deleted = len(deletes)
+            out[name] = m
+        return out
+
+    # -- the streaming merge -------------------------------------------------------------
+
+    def _merge(
+        self, table: Table, rebuilt: str, progress: Progress | None
+    ) -> Iterator[tuple[dict[str, Any] | None, dict[str, Any] | None]]:
+        """(live row, rebuilt row) pairs by primary key, None on the side that lacks it."""
+        seen = 0
+
+        def counted(groups: Iterator[tuple[int, list[dict[str, Any]]]]) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+            nonlocal seen
+            for token, rows in groups:
+                seen += len(rows)
+                if progress is not None:
+                    progress(table.name, seen)
+                yield token, rows
+
+        a_it = counted(self._groups(table, self.keyspace))
+        b_it = self._groups(table, rebuilt)
+        a, b = next(a_it, None), next(b_it, None)
+        while a is not None or b is not None:
+            if b is None or (a is not None and a[0] < b[0]):
+                assert a is not None
+                yield from ((r, None) for r in a[1])
+                a = next(a_it, None)
+            elif a is None or b[0] < a[0]:
+                yield from ((None, r) for r in b[1])
+                b = next(b_it, None)
+            else:
+                live = {_key(table, r): r for r in a[1]}
+                new = {_key(table, r): r for r in b[1]}
+                for k in sorted(live.keys() | new.keys(), key=repr):
+                    yield live.get(k), new.get(k)
+                a, b = next(a_it, None), next(b_it, None)
+
+    def _groups(self, table: Table, keyspace: str) -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        """The rows of a table in token order, grouped by token (one partition, or the
+        rare partitions that share a token)."""
+        stmt = SimpleStatement(
+            f"SELECT token({', '.join(table.partition)}) AS fanout_token, {', '.join(table.columns)} "
+            f"FROM {keyspace}.{table.name}",
+            fetch_size=FETCH,
+        )
+        token: int | None = None
+        group: list[dict[str, Any]] = []
+        for row in self.session.execute(stmt, timeout=TIMEOUT):
+            t = int(row.pop("fanout_token"))
+            if t != token and group:
+                assert token is not None
+                yield token, group
+                group = []
+            token = t
+            group.append(row)
+        if group:
+            assert token is not None
+            yield token, group
+
+    def _table(self, name: str) -> Table:
+        if name not in self._tables:
+            rows = list(
+                self.session.execute(
+                    "SELECT column_name, kind, position FROM system_schema.columns "
+                    "WHERE keyspace_name=%s AND table_name=%s",
+                    (self.keyspace, name),
+                )
+            )
+            if not rows:
+                raise LookupError(f"no table {self.keyspace}.{name}")
+            part = tuple(
+                r["column_name"] for r in sorted(rows, key=lambda r: r["position"]) if r["kind"] == "partition_key"
+            )
+            clust = tuple(
+                r["column_name"] for r in sorted(rows, key=lambda r: r["position"]) if r["kind"] == "clustering"
+            )
+            values = tuple(sorted(r["column_name"] for r in rows if r["kind"] == "regular"))
+            self._tables[name] = Table(name, (*part, *clust), part, values, RUNTIME_COLUMNS.get(name, ()))
+        return self._tables[name]
+
+    def _insert(self, table: Table) -> PreparedStatement:
+        cols = table.columns
+        return self.session.prepare(
+            f"INSERT INTO {self.keyspace}.{table.name} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+        )
+
+    def _delete(self, table: Table) -> PreparedStatement:
+        where = " AND ".join(f"{k}=?" for k in table.keys)
+        return self.session.prepare(f"DELETE FROM {self.keyspace}.{table.name} WHERE {where}")
+
+    def _run(self, statements: list[tuple[PreparedStatement, tuple[Any, ...]]]) -> None:
+        if statements:
+            execute_concurrent(self.session, statements, concurrency=IN_FLIGHT, raise_on_first_error=True)
+
+
+def _low(positions: dict[tuple[str, int], int]) -> int:
+    tracked = [p for (name, _), p in positions.items() if name == TRACKED]
+    return min(tracked) if tracked else 0
+
+
+def _norm(v: Any) -> Any:
+    if isinstance(v, dict) or hasattr(v, "items"):
+        return tuple(sorted((k, _norm(x)) for k, x in v.items()))
+    if isinstance(v, list | tuple | set | frozenset):
+        return tuple(_norm(x) for x in v)
+    return v
+
+
+def _bound(v: Any) -> Any:
+    """A value read back, as a prepared statement binds it (a map as a plain dict)."""
+    return dict(v.items()) if hasattr(v, "items") else v
+
+
+def _key(table: Table, row: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(row[k] for k in table.keys)
+
+
+def _same(table: Table, a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return all(_norm(a[c]) == _norm(b[c]) for c in table.compared)
+
+
+def _shown(table: Table, row: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(_norm(row[c]) for c in (*table.keys, *table.compared))
