@@ -353,11 +353,16 @@ def _table_progress(progress: bool, out: TextIO, what: str) -> Callable[[str, in
     if not progress:
         return None
     shown: dict[str, float] = {}
+    tty = out.isatty()
 
     def report(table: str, n: int) -> None:
+        """On a terminal one line rewritten; else a line when a table starts, then every 10 s."""
         now = time.monotonic()
-        if now - shown.get(table, 0.0) > 0.5:
+        if tty and now - shown.get(table, 0.0) > 0.5:
             print(f"\r{what} {table}: {n:,} rows".ljust(60), end="", file=out, flush=True)
+            shown[table] = now
+        elif not tty and now - shown.get(table, -60.0) > 10.0:
+            print(f"{what} {table}: {n:,} rows so far", file=out, flush=True)
             shown[table] = now
 
     return report
@@ -396,7 +401,7 @@ def verify_distributed(
         built.close()
         built = None
         tables = aside.diff(scratch, limit, _table_progress(progress, out, "compare"))
-        if progress:
+        if progress and out.isatty():
             print(file=out)
         after = aside.positions()
         if after != before:
@@ -481,7 +486,7 @@ def rebuild_distributed(
             merged = aside.swap(keyspace, tables, before, _table_progress(progress, out, "switch"))
         except StaleAside as exc:
             raise RebuildError(str(exc)) from None
-        if progress:
+        if progress and out.isatty():
             print(file=out)
     finally:
         if built is not None:
