@@ -5,12 +5,13 @@ root (`fanout.bootstrap.bootstrap_distributed`) from the same URLs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,14 @@ class Cluster:
             proc.send_signal(sig)
         proc.wait(30)
 
+    def pause(self, name: str) -> None:
+        """SIGSTOP a process: alive (its connections and group membership kept for a while)
+        but doing nothing, so "it is behind" is a fact of the test, not a race."""
+        self.procs[name].send_signal(signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        self.procs[name].send_signal(signal.SIGCONT)
+
     def log_of(self, name: str) -> str:
         path = self.logs / f"{name}.log"
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""
@@ -94,3 +103,31 @@ class Cluster:
 def cluster_for(urls: dict[str, str], logs: Path, **settings: Any) -> Cluster:
     logs.mkdir(parents=True, exist_ok=True)
     return Cluster(urls, logs, {k: str(v) for k, v in settings.items()})
+
+
+@contextlib.contextmanager
+def fresh_namespace(engines: Mapping[str, str], partitions: int = 4) -> Iterator[dict[str, str]]:
+    """FANOUT_EVENT_STORE, FANOUT_LOG, FANOUT_VIEWS naming a new PostgreSQL database, Kafka
+    topic and Cassandra keyspace on the shared engines (the database and the keyspace are
+    dropped afterwards), for fixtures broader than one test (tests/engines.py `fresh_*`)."""
+    import psycopg
+
+    from tests.engines import drop_keyspace, unique, with_path, with_query
+
+    name = unique("t")
+    admin = with_path(engines["FANOUT_EVENT_STORE"], "postgres")
+    with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    urls = {
+        "FANOUT_EVENT_STORE": with_path(engines["FANOUT_EVENT_STORE"], name),
+        "FANOUT_LOG": with_query(engines["FANOUT_LOG"], topic=name, partitions=partitions),
+        "FANOUT_VIEWS": with_path(engines["FANOUT_VIEWS"], name),
+    }
+    try:
+        yield urls
+    finally:
+        try:
+            drop_keyspace(urls["FANOUT_VIEWS"])
+        finally:
+            with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -1,8 +1,20 @@
-"""End-to-end tests: a real aiohttp server on a loopback port over a real embedded
-runtime (SQLite files in a fresh data dir per test module), driven over HTTP and
-WebSocket with aiohttp's client, through a small API-client helper.
+"""End-to-end tests: a real aiohttp server on a loopback port, driven over HTTP and
+WebSocket with aiohttp's client, through a small API-client helper, on each runtime:
 
-A module sets `PARAMS = Parameters(...)` to run its server with other parameters."""
+* `embedded`: the embedded runtime (SQLite files in a fresh data dir per test module);
+* `distributed`: an API replica of the distributed runtime (tests/distributed/cluster.py),
+  with `fanout relay` and `fanout worker` subprocesses, on a fresh PostgreSQL database, Kafka
+  topic and Cassandra keyspace per test module on the shared engines (tests/engines.py).
+
+The module-scoped `server` fixture is parametrized over both (ids `test_x[embedded]`,
+`test_x[distributed]`). A module sets `RUNTIMES = ("embedded",)` to run on fewer, a test
+`@pytest.mark.runtimes("embedded")`; say why next to it (it pokes embedded internals).
+
+A module sets `PARAMS = Parameters(...)` to run its server with other parameters; on the
+distributed runtime they reach every process as FANOUT_<NAME> settings (`params_env`).
+
+The distributed views lag the log by the relay and the worker: a test reads its writes with
+`min_position` / `X-Fanout-Min-Position` or `eventually`, never with a sleep."""
 
 from __future__ import annotations
 
@@ -23,10 +35,14 @@ from aiohttp import web
 
 from api.app import create_app
 from domain.params import Parameters, Rate
-from fanout.bootstrap import EmbeddedRuntime, bootstrap
+from fanout.bootstrap import bootstrap
+from fanout.config import load_settings, parameter_names
+from fanout.runtime import Runtime
 from fanout.security import mint_token
+from tests.distributed.cluster import Cluster, cluster_for, fresh_namespace
 
 SECRET = "e2e-secret-" + "x" * 40
+RUNTIMES = ("embedded", "distributed")
 
 # Small groups and generous rates, so only the admission tests are throttled.
 FAST = dataclasses.replace(
@@ -37,15 +53,108 @@ FAST = dataclasses.replace(
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "runtimes(*names): run this e2e test on these runtimes only")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test that uses the server runs once per runtime of its module (or marker)."""
+    if "runtime_kind" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("runtimes")
+    kinds = marker.args if marker is not None else getattr(metafunc.module, "RUNTIMES", RUNTIMES)
+    unknown = set(kinds) - set(RUNTIMES)
+    assert not unknown, f"{metafunc.definition.nodeid}: unknown runtimes {unknown}"
+    metafunc.parametrize("runtime_kind", list(kinds), indirect=True, scope="module")
+
+
+@pytest.fixture(scope="module")
+def runtime_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+# -- parameters as settings ------------------------------------------------------------
+
+
+def _rate(r: Rate) -> str:
+    return f"{r.count!r}/{r.per_seconds!r}s"
+
+
+# Parameters field -> (FANOUT_<NAME>, how its value is written); fanout/config.py _PARAMS parses them.
+_SETTINGS: dict[str, tuple[str, Callable[[Any], str]]] = {
+    "max_group_members": ("MAX_GROUP_MEMBERS", str),
+    "small_max_members": ("SMALL_MAX_MEMBERS", str),
+    "medium_max_members": ("MEDIUM_MAX_MEMBERS", str),
+    "per_sender_in_conversation_rate": ("PER_SENDER_IN_CONVERSATION_RATE", _rate),
+    "tenant_fanout_quota_capacity": ("TENANT_FANOUT_QUOTA_CAPACITY", repr),
+    "tenant_fanout_quota_refill_per_sec": ("TENANT_FANOUT_QUOTA_REFILL", repr),
+    "platform_fanout_budget": ("PLATFORM_FANOUT_BUDGET", repr),
+    "t1_ratio": ("T1_RATIO", repr),
+    "mailbox_write_budget": ("MAILBOX_WRITE_BUDGET", repr),
+    "t2_ratio": ("T2_RATIO", repr),
+    "capacity_window": ("CAPACITY_WINDOW", lambda v: f"{v!r}s"),
+    "activity_window": ("ACTIVITY_WINDOW", lambda v: f"{v!r}s"),
+    "policy_switch_exit_ratio": ("POLICY_SWITCH_EXIT_RATIO", repr),
+    "policy_switch_min_interval": ("POLICY_SWITCH_MIN_INTERVAL", lambda v: f"{v!r}s"),
+    "mailbox_shards": ("MAILBOX_SHARDS", str),
+    "max_text_length": ("MAX_TEXT_LENGTH", str),
+    "per_user_command_rate": ("PER_USER_COMMAND_RATE", _rate),
+    "per_user_command_burst": ("PER_USER_COMMAND_BURST", repr),
+    "fresh_read_timeout": ("FRESH_READ_TIMEOUT", lambda v: f"{v!r}s"),
+    "max_projection_lag_events": ("MAX_PROJECTION_LAG_EVENTS", str),
+    "max_projection_lag_entries": ("MAX_PROJECTION_LAG_ENTRIES", str),
+    "max_connections": ("MAX_CONNECTIONS", str),
+}
+_BUCKET_RATES = ("rate_small", "rate_medium", "rate_large")
+
+
+def params_env(params: Parameters) -> dict[str, str]:
+    """The FANOUT_<NAME> settings that make a process load `params`: one per field that
+    differs from the default. A field no setting can express fails here, and the settings
+    are loaded back and compared, so a module never runs with parameters it did not mean."""
+    default = Parameters()
+    env: dict[str, str] = {}
+    for f in dataclasses.fields(params):
+        value = getattr(params, f.name)
+        if value == getattr(default, f.name):
+            continue
+        if f.name in _BUCKET_RATES:
+            env["FANOUT_PER_CONVERSATION_MSG_RATE"] = "/".join(repr(getattr(params, b)) for b in _BUCKET_RATES)
+            continue
+        if f.name not in _SETTINGS:
+            raise AssertionError(f"Parameters.{f.name}={value!r} has no FANOUT_ setting: this module cannot run distributed")
+        name, write = _SETTINGS[f.name]
+        env[f"FANOUT_{name}"] = write(value)
+    assert set(env) <= set(parameter_names()), sorted(set(env) - set(parameter_names()))
+    return env
+
+
+def check_settings(env: Mapping[str, str], params: Parameters) -> None:
+    """What a fanout process started with `env` loads equals `params`, or the module fails."""
+    loaded = load_settings(env).params
+    if loaded != params:
+        diff = {
+            f.name: (getattr(params, f.name), getattr(loaded, f.name))
+            for f in dataclasses.fields(params)
+            if getattr(params, f.name) != getattr(loaded, f.name)
+        }
+        raise AssertionError(f"the settings {dict(env)} load other parameters (meant, loaded): {diff}")
+
+
 # -- the server ------------------------------------------------------------------
 
 
 class Server:
-    """The API app in its own thread and event loop, listening on 127.0.0.1:<free port>."""
+    """The API app in its own thread and event loop, listening on 127.0.0.1:<free port>,
+    over an embedded runtime or a distributed API replica (then `cluster` is its deployment)."""
 
-    def __init__(self, runtime: EmbeddedRuntime, app: web.Application) -> None:
+    def __init__(
+        self, runtime: Runtime, app: web.Application, *, kind: str = "embedded", cluster: Cluster | None = None
+    ) -> None:
         self.runtime = runtime
         self.app = app
+        self.kind = kind
+        self.cluster = cluster
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._runner = web.AppRunner(app)
@@ -78,11 +187,17 @@ class Server:
 
     def written(self) -> int:
         """The event log's position: unchanged means nothing was written."""
-        return int(self.runtime.runner.log_position())
+        return int(self.runtime.log_position())
+
+    @property
+    def partitions(self) -> list[int]:
+        """The log partitions the projections track (the embedded log has one)."""
+        return list(range(getattr(self.runtime, "partitions", 1)))
 
 
 @contextlib.contextmanager
 def serving(data_dir: Path, params: Parameters = FAST, *, start_runtime: bool = True) -> Iterator[Server]:
+    """An embedded runtime's server over `data_dir`."""
     runtime = bootstrap(params, data_dir)
     if start_runtime:
         runtime.start()
@@ -94,11 +209,52 @@ def serving(data_dir: Path, params: Parameters = FAST, *, start_runtime: bool = 
         runtime.close()
 
 
+@contextlib.contextmanager
+def deployment(engines: Mapping[str, str], logs: Path, params: Parameters = FAST) -> Iterator[Cluster]:
+    """A distributed deployment on a fresh namespace: its first replica (which creates the
+    event store's tables and the keyspace), then `fanout relay` and one `fanout worker`,
+    every process with `params` as FANOUT_ settings."""
+    with fresh_namespace(engines) as urls:
+        cluster = cluster_for(urls, logs, **params_env(params))
+        try:
+            check_settings(cluster.env(), params)
+            cluster.replica()
+            cluster.start("relay")
+            cluster.start("worker")
+            cluster.wait_workers(1)
+            yield cluster
+        finally:
+            cluster.close()
+
+
+@contextlib.contextmanager
+def replica_server(cluster: Cluster) -> Iterator[Server]:
+    """A server over a new API replica of `cluster` (closed with the cluster)."""
+    runtime = cluster.replica()
+    server = Server(runtime, create_app(runtime, SECRET), kind="distributed", cluster=cluster).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="module")
-def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(
+    request: pytest.FixtureRequest, runtime_kind: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
     params = getattr(request.module, "PARAMS", FAST)
-    with serving(tmp_path_factory.mktemp("data"), params) as s:
-        yield s
+    if runtime_kind == "embedded":
+        with serving(tmp_path_factory.mktemp("data"), params) as s:
+            yield s
+        return
+    engines = request.getfixturevalue("engines")
+    with deployment(engines, tmp_path_factory.mktemp("cluster"), params) as cluster:
+        runtime = cluster.runtimes[0]
+        s = Server(runtime, create_app(runtime, SECRET), kind="distributed", cluster=cluster).start()
+        try:
+            yield s
+        finally:
+            s.stop()
 
 
 # -- the client helper -------------------------------------------------------------
@@ -139,13 +295,27 @@ async def eventually(probe: Callable[[], Awaitable[Any]], ok: Callable[[Any], bo
 _NO_BODY = object()
 
 
+class Seen:
+    """The highest log position the writes of a test answered (X-Fanout-Position), shared
+    by its clients: what a read waits for to see everything the test wrote."""
+
+    def __init__(self) -> None:
+        self.position = 0
+
+    def saw(self, headers: Mapping[str, str]) -> None:
+        value = headers.get("X-Fanout-Position")
+        if value is not None and value.isdigit():
+            self.position = max(self.position, int(value))
+
+
 class ApiClient:
     """The HTTP API as one caller (one token) sees it."""
 
-    def __init__(self, session: aiohttp.ClientSession, base: str, token: str | None) -> None:
+    def __init__(self, session: aiohttp.ClientSession, base: str, token: str | None, seen: Seen | None = None) -> None:
         self.session = session
         self.base = base
         self.token = token
+        self.seen = Seen() if seen is None else seen
 
     async def call(
         self,
@@ -172,6 +342,7 @@ class ApiClient:
                 parsed: Any = await resp.json(content_type=None) if text else None
             except ValueError:
                 parsed = text
+            self.seen.saw(resp.headers)
             return Reply(resp.status, parsed, resp.headers)
 
     # service role
@@ -194,13 +365,19 @@ class ApiClient:
         return await self.call("GET", f"/v1/conversations/{cid}/messages/{seq}/delivery")
 
     async def materialized(self, cid: str, seq: int, timeout: float = 10.0) -> dict[str, Any]:
-        """Poll the delivery record until materialized_at is set (instead of sleeping)."""
+        """The delivery record once materialized_at is set, read at the position of every
+        write the test made (min_position), so every view holds them all when it returns:
+        the distributed views write a unit's delivery records before its heads and states
+        (ADR-0014), the embedded ones commit it at once."""
         deadline = time.monotonic() + timeout
         while True:
-            record = expect(await self.delivery(cid, seq), 200)
-            if record["materialized_at"] is not None:
-                return dict(record)
-            assert time.monotonic() < deadline, f"message {cid}/{seq} not materialized in {timeout} s"
+            params = {"min_position": self.seen.position} if self.seen.position else None
+            reply = await self.call("GET", f"/v1/conversations/{cid}/messages/{seq}/delivery", params=params)
+            if reply.status != 503:  # a fresh read that timed out: ask again until our deadline
+                record = expect(reply, 200)
+                if record["materialized_at"] is not None:
+                    return dict(record)
+            assert time.monotonic() < deadline, f"message {cid}/{seq} not materialized in {timeout} s: {reply.body}"
             await asyncio.sleep(0.02)
 
     # admin role
@@ -295,9 +472,10 @@ class Api:
     def __init__(self, session: aiohttp.ClientSession, server: Server) -> None:
         self.session = session
         self.server = server
+        self.seen = Seen()
 
     def as_token(self, token: str | None) -> ApiClient:
-        return ApiClient(self.session, self.server.url, token)
+        return ApiClient(self.session, self.server.url, token, self.seen)
 
     def anonymous(self) -> ApiClient:
         return self.as_token(None)

@@ -2,8 +2,10 @@
 given that position waits until the views hold it, and a message not projected yet has a
 `pending` delivery record with what the command side knows.
 
-The projector is paused by holding the views' write lock: its thread stays alive and
-cannot commit, so "the views are behind" is a fact of the test, not a race. A read that
+The projector is paused, so "the views are behind" is a fact of the test, not a race:
+on the embedded runtime by holding the views' write lock (the runner's thread stays alive
+and cannot commit), on the distributed one by stopping the relay (SIGSTOP: nothing new
+reaches Kafka, so no worker can apply it). A read that
 is waiting shows in `/v1/admin/projections` (`waiting_reads`), which is how the tests
 know the request is parked before they let the projector go on (no sleeps)."""
 
@@ -15,6 +17,8 @@ import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from domain.params import Parameters
 from tests.e2e.conftest import FAST, Api, ApiClient, Reply, Server, conversation, eventually, expect, serving
 
@@ -25,7 +29,14 @@ PARAMS: Parameters = dataclasses.replace(FAST, fresh_read_timeout=60.0)
 
 @contextlib.contextmanager
 def projector_paused(server: Server) -> Iterator[None]:
-    lock = server.runtime.views._write_lock
+    if server.cluster is not None:
+        server.cluster.pause("relay")
+        try:
+            yield
+        finally:
+            server.cluster.resume("relay")
+        return
+    lock = server.runtime.views._write_lock  # type: ignore[attr-defined]
     lock.acquire()
     try:
         yield
@@ -127,6 +138,7 @@ async def test_a_bad_min_position_is_invalid_argument(api: Api, server: Server, 
         expect(reply, 400, "INVALID_ARGUMENT")
 
 
+@pytest.mark.runtimes("embedded")  # its own embedded server with no projector at all (serving(start_runtime=False))
 async def test_a_read_whose_position_the_views_cannot_reach_is_unavailable_with_a_retry_hint(
     api: Api, tmp_path: Path, cid: str
 ) -> None:
