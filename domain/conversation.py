@@ -69,6 +69,13 @@ class Conversation(Aggregate):
         read_seq: int
         at: float
 
+    class MembersActive(Aggregate.Event):
+        """Activity of members recorded apart from their reads (ADR-0018): one event for
+        many members' read activity, group-committed per conversation."""
+
+        active: dict[str, float]  # user_id -> when the member was active
+        at: float
+
     class RebuildRequested(Aggregate.Event):
         user_id: str
         at_seq: int
@@ -307,6 +314,9 @@ class Conversation(Aggregate):
     # -- reading -------------------------------------------------------------
 
     def mark_read(self, user_id: str, read_seq: int, now: float) -> None:
+        """The read mark as it was before ADR-0018 (one conversation event per read): the
+        application records reads in MemberReadState streams now; this stays for the
+        comparison bench (bench/mark_read_scale.py) and the logs that hold ReadMarked."""
         self.check_read(user_id, read_seq)
         self._read_marked(user_id=user_id, read_seq=read_seq, at=now)
 
@@ -322,8 +332,35 @@ class Conversation(Aggregate):
                 latest_conversation_seq=self.seq,
             )
 
+    def activity_is_recent(self, user_id: str, now: float, params: Parameters, pending: float = 0.0) -> bool:
+        """Whether the member's recorded activity (or `pending`, activity recorded but not
+        yet appended) is younger than READ_ACTIVITY_REFRESH of the activity window: a read
+        then needs no new activity record (ADR-0009, ADR-0018)."""
+        last_active = max(self.members[user_id], pending)
+        return last_active > 0.0 and now - last_active < params.activity_window * READ_ACTIVITY_REFRESH
+
+    def record_activity(self, active: dict[str, float], now: float) -> dict[str, float]:
+        """Record members' activity (user -> when): one MembersActive event for all of them,
+        none when nothing is newer than what is recorded. Returns what was recorded."""
+        newer = {u: float(t) for u, t in sorted(active.items()) if u in self.members and t > self.members[u]}
+        if newer:
+            self._members_active(active=newer, at=now)
+        return newer
+
+    @event(MembersActive)
+    def _members_active(self, active: dict[str, float], at: float) -> None:
+        for u, t in active.items():
+            if u in self.members:
+                self.members[u] = t
+
     def read_changes_nothing(
-        self, user_id: str, read_seq: int, known_read_seq: int | None, now: float, params: Parameters
+        self,
+        user_id: str,
+        read_seq: int,
+        known_read_seq: int | None,
+        now: float,
+        params: Parameters,
+        pending_activity: float = 0.0,
     ) -> bool:
         """Whether a (valid) MARK_READ would change nothing, so it can be coalesced.
 
@@ -335,8 +372,7 @@ class Conversation(Aggregate):
         self.check_read(user_id, read_seq)
         if known_read_seq is None or read_seq > known_read_seq:
             return False
-        last_active = self.members[user_id]
-        return last_active > 0.0 and now - last_active < params.activity_window * READ_ACTIVITY_REFRESH
+        return self.activity_is_recent(user_id, now, params, pending_activity)
 
     @event(ReadMarked)
     def _read_marked(self, user_id: str, read_seq: int, at: float) -> None:

@@ -9,11 +9,19 @@ one store (`shared_store=True`: API replicas on PostgreSQL) fast-forward a cache
 aggregate from the store on every load, remember no absent tier, and retry a command
 whose save lost an optimistic-concurrency race (another replica appended to the same
 stream first): the command runs again on the fresh aggregate, so the admission gates
-it checks stay exact across replicas."""
+it checks stay exact across replicas.
+
+MARK_READ appends to the member's own MemberReadState stream, not to the conversation's
+(ADR-0018). The activity a read is (alpha, who is materialized in mention_only) is
+recorded on the conversation only when the member's recorded activity is stale, and then
+group-committed: pending refreshes ride on the next command this process writes to that
+conversation, or are appended by a background thread as ONE Conversation.MembersActive
+per conversation every `activity_flush_interval` seconds, and on close."""
 
 from __future__ import annotations
 
 import functools
+import logging
 import random
 import threading
 import time
@@ -34,6 +42,7 @@ from domain.identity import check_tenant
 from domain.params import Parameters, SizeBucket, WritePolicy
 from domain.policy import DISABLED, TierTerms
 from domain.quota import TenantQuota
+from domain.reads import MemberReadState
 from domain.review import Review
 from domain.tier import Tier
 from fanout.gate import UserCommandGate
@@ -43,6 +52,11 @@ A = TypeVar("A", bound=Aggregate)
 F = TypeVar("F", bound=Callable[..., Any])
 
 CONFLICT_RETRIES = 10  # a command that lost this many races in a row is refused (503)
+# Pending activity refreshes of MARK_READ are appended at most this often per conversation
+# (ADR-0018): a crash loses at most this much of them (the read seqs are durable).
+ACTIVITY_FLUSH_INTERVAL = 0.2
+
+log = logging.getLogger(__name__)
 
 
 def retried(method: F) -> F:
@@ -76,10 +90,20 @@ class Unit(list[Aggregate]):
 
     position: int | None = None
 
+    def __init__(self) -> None:
+        super().__init__()
+        # (conversation key, pending activity applied): cleared from the pending map once saved
+        self.activity: list[tuple[tuple[str, str], dict[str, float]]] = []
+
+    def touch(self, aggregate: Aggregate) -> None:
+        """Add an aggregate to save, once (by identity)."""
+        if not any(a is aggregate for a in self):
+            self.append(aggregate)
+
 
 class FanoutApplication(Application[UUID]):
     name = "fanout"
-    snapshotting_intervals = {Conversation: 200, TenantQuota: 2000, Tier: 200}
+    snapshotting_intervals = {Conversation: 200, TenantQuota: 2000, Tier: 200, MemberReadState: 100}
     # One writer per event store (the data-dir lock), so a cached aggregate is never
     # behind the store: no deep copy, and no fast-forward query per command.
     env = {
@@ -98,6 +122,8 @@ class FanoutApplication(Application[UUID]):
         conversations_in_scope: Callable[[str, str], list[str]] | None = None,
         read_state: Callable[[str, str, str], tuple[int, int] | None] | None = None,
         shared_store: bool = False,
+        activity_flush_interval: float = ACTIVITY_FLUSH_INTERVAL,
+        legacy_read_marks: bool = False,
     ) -> None:
         self.shared_store = shared_store
         if shared_store:  # other writers append to the same streams: never trust the cache blindly
@@ -117,6 +143,15 @@ class FanoutApplication(Application[UUID]):
         self.recorded_listeners: list[Callable[[list[tuple[int, int]]], None]] = []
         self._loaded: list[Aggregate] = []
         self._no_tier: set[tuple[str, str]] = set()
+        # ADR-0018. 0 records a stale member's activity in the read's own unit (one
+        # conversation append per such read); legacy_read_marks writes Conversation.ReadMarked
+        # per read as before ADR-0018 (kept for bench/mark_read_scale.py only).
+        self.activity_flush_interval = activity_flush_interval
+        self.legacy_read_marks = legacy_read_marks
+        self._pending: dict[tuple[str, str], dict[str, float]] = {}  # (tenant, cid) -> user -> at
+        self._flusher: threading.Thread | None = None
+        self._closing = threading.Event()
+        self.activity_events = 0  # MembersActive events appended
 
     # -- plumbing ------------------------------------------------------------
 
@@ -156,6 +191,8 @@ class FanoutApplication(Application[UUID]):
                     recordings = self.save(*touched)
                     if recordings:
                         touched.position = max(r.notification.id for r in recordings)
+                for key, applied in touched.activity:
+                    self._activity_saved(key, applied)
             except BaseException as exc:
                 for a in [*touched, *self._loaded]:
                     if a in touched or getattr(a, "_pending_events", None):
@@ -193,6 +230,92 @@ class FanoutApplication(Application[UUID]):
         if cache is not None:
             with suppress(KeyError):
                 cache.get(aggregate_id, evict=True)
+
+    # -- activity of reads, group-committed (ADR-0018) ---------------------------
+
+    def _apply_activity(self, conv: Conversation, touched: Unit) -> None:
+        """Record this process's pending activity refreshes of this conversation in the
+        command's unit (before anything else it raises on the conversation), so sends and
+        policy evaluations decide with them, at no extra append."""
+        key = (conv.tenant, conv.conversation_id)
+        pending = self._pending.get(key)
+        if not pending:
+            return
+        applied = dict(pending)
+        touched.activity.append((key, applied))
+        if conv.record_activity(applied, self.clock()):
+            self.activity_events += 1
+            touched.touch(conv)
+
+    def _activity_saved(self, key: tuple[str, str], applied: dict[str, float]) -> None:
+        bucket = self._pending.get(key)
+        if bucket is None:
+            return
+        for user, at in applied.items():
+            if bucket.get(user) == at:
+                del bucket[user]
+        if not bucket:
+            del self._pending[key]
+
+    def _defer_activity(self, key: tuple[str, str], user_id: str, at: float) -> None:
+        with self.lock:
+            bucket = self._pending.setdefault(key, {})
+            if at > bucket.get(user_id, 0.0):
+                bucket[user_id] = at
+            if self._flusher is None and not self._closing.is_set():
+                self._flusher = threading.Thread(target=self._flush_loop, name="fanout-activity", daemon=True)
+                self._flusher.start()
+
+    def _flush_loop(self) -> None:
+        """Runs while activity is pending: every interval, one MembersActive per conversation."""
+        while not self._closing.wait(self.activity_flush_interval):
+            with self.lock:
+                if not self._pending:
+                    self._flusher = None
+                    return
+            self.flush_activity()
+        with self.lock:
+            self._flusher = None
+
+    def pending_activity(self) -> int:
+        """Members whose activity refresh is not appended yet."""
+        with self.lock:
+            return sum(len(b) for b in self._pending.values())
+
+    def flush_activity(self) -> int:
+        """Append every pending activity refresh now: one Conversation.MembersActive per
+        conversation. Returns the events appended. A conversation that fails stays pending
+        (next interval); one that is gone is dropped."""
+        appended = 0
+        with self.lock:
+            keys = list(self._pending)
+        for key in keys:
+            try:
+                appended += self._flush_conversation(*key)
+            except NotFound:
+                with self.lock:
+                    self._pending.pop(key, None)
+            except Exception:  # the store is unavailable: keep it pending, retry next interval
+                log.warning("activity of %s/%s not recorded yet", *key, exc_info=True)
+        return appended
+
+    @retried
+    def _flush_conversation(self, tenant: str, conversation_id: str) -> int:
+        with self._unit() as touched:
+            conv = self._conversation(tenant, conversation_id)
+            self._apply_activity(conv, touched)
+        return 1 if touched else 0
+
+    def close(self) -> None:
+        """Append the pending activity refreshes, then close the store."""
+        self._closing.set()
+        flusher = self._flusher
+        if flusher is not None and flusher is not threading.current_thread():
+            flusher.join(5)
+        try:
+            self.flush_activity()
+        finally:
+            super().close()
 
     def _tier(self, tenant: str, size_bucket: str) -> Tier | None:
         # Most scopes never get a tier: remember that, instead of a store query per send.
@@ -258,10 +381,11 @@ class FanoutApplication(Application[UUID]):
         self._check_bulk(user_ids)
         with self._unit() as touched:
             conv = self._conversation(tenant, conversation_id)
+            self._apply_activity(conv, touched)
             now = self.clock()
             added = conv.join(user_ids, now, self.params)
             if added:
-                touched.append(conv)
+                touched.touch(conv)
                 self._evaluate(conv, now, touched)
             result = {"added": len(added), "member_count": len(conv.members)}
         return self._positioned(result, touched)
@@ -270,9 +394,10 @@ class FanoutApplication(Application[UUID]):
     def remove_member(self, tenant: str, conversation_id: str, user_id: str) -> dict[str, Any]:
         with self._unit() as touched:
             conv = self._conversation(tenant, conversation_id)
+            self._apply_activity(conv, touched)
             now = self.clock()
             conv.leave(user_id, now)
-            touched.append(conv)
+            touched.touch(conv)
             self._evaluate(conv, now, touched)
             result = {"member_count": len(conv.members)}
         return self._positioned(result, touched)
@@ -303,6 +428,7 @@ class FanoutApplication(Application[UUID]):
                 seq, message_id, policy = previous
                 result = {"conversation_seq": seq, "message_id": message_id, "write_policy": policy, "duplicate": True}
                 return self._positioned(result, touched)  # the current log position: it holds the original
+            self._apply_activity(conv, touched)
             now = self.clock()
             self._evaluate(conv, now, touched)
             quota = self._quota(tenant)
@@ -321,7 +447,8 @@ class FanoutApplication(Application[UUID]):
                 announcement=announcement,
                 client_msg_id=client_msg_id,
             )
-            touched.extend([conv, quota])
+            touched.touch(conv)
+            touched.touch(quota)
             result = {"conversation_seq": seq, "message_id": message_id, "write_policy": conv.write_policy}
         return self._positioned(result, touched)
 
@@ -331,20 +458,49 @@ class FanoutApplication(Application[UUID]):
     def mark_read(self, tenant: str, conversation_id: str, user_id: str, read_seq: int) -> dict[str, Any]:
         """MARK_READ. One that changes nothing (read seq not ahead of the views' and
         activity recorded recently) writes no event, is not charged to the user's gate,
-        and answers `coalesced: true` with the current read seq and the views' position."""
+        and answers `coalesced: true` with the current read seq and the views' position.
+
+        Otherwise the read seq is appended to the member's MemberReadState stream only
+        (ADR-0018): the conversation is read (validation, activity), not written, unless
+        the member's recorded activity is stale; that refresh is group-committed (see
+        `_defer_activity`)."""
         known = self.read_state(tenant, conversation_id, user_id)  # a view read, off the command lock
+        key = (tenant, conversation_id)
+        stale = False
         with self._unit() as touched:
             conv = self._conversation(tenant, conversation_id)
             now = self.clock()
-            if known is not None and conv.read_changes_nothing(user_id, read_seq, known[0], now, self.params):
+            pending = self._pending.get(key, {}).get(user_id, 0.0) if user_id in conv.members else 0.0
+            if known is not None and conv.read_changes_nothing(user_id, read_seq, known[0], now, self.params, pending):
                 return {"conversation_id": conversation_id, "read_seq": known[0], "coalesced": True, "position": known[1]}
             conv.check_read(user_id, read_seq)
             # Gate before the event: a refused command must not leave a pending event behind
             # (that would evict, then reload, a possibly 100k-member aggregate per refusal).
             self.user_gate.admit(tenant, user_id, now)
-            conv.mark_read(user_id, read_seq, now)
-            touched.append(conv)
+            if self.legacy_read_marks:
+                conv.mark_read(user_id, read_seq, now)
+                touched.append(conv)
+            else:
+                mark = self._find(
+                    MemberReadState, MemberReadState.create_id(tenant, conversation_id, user_id), tenant, "read state"
+                )
+                if mark is None:
+                    mark = MemberReadState(
+                        tenant=tenant, conversation_id=conversation_id, user_id=user_id, read_seq=read_seq, at=now
+                    )
+                    touched.append(mark)
+                elif mark.conversation_id != conversation_id or mark.user_id != user_id:
+                    raise NotFound("read state not found")  # unreachable: the id is derived from them
+                elif mark.mark(read_seq, now):
+                    touched.append(mark)
+                stale = not conv.activity_is_recent(user_id, now, self.params, pending)
+                if stale and self.activity_flush_interval <= 0:
+                    self._pending.setdefault(key, {})[user_id] = now
+                    self._apply_activity(conv, touched)
+                    stale = False
             result = {"conversation_id": conversation_id, "read_seq": read_seq, "coalesced": False}
+        if stale:  # recorded after the read's own save: a lost race re-decides it
+            self._defer_activity(key, user_id, now)
         return self._positioned(result, touched)
 
     @retried
@@ -354,8 +510,9 @@ class FanoutApplication(Application[UUID]):
             now = self.clock()
             if user_id in conv.members:  # a non-member gets NOT_A_MEMBER below, uncharged
                 self.user_gate.admit(tenant, user_id, now)
+            self._apply_activity(conv, touched)
             conv.request_rebuild(user_id, now)
-            touched.append(conv)
+            touched.touch(conv)
             result = {"conversation_id": conversation_id, "rebuilt_at_seq": conv.seq}
         return self._positioned(result, touched)
 
@@ -368,9 +525,10 @@ class FanoutApplication(Application[UUID]):
         with self._unit() as touched:
             conv = self._conversation(tenant, conversation_id)
             before = conv.version
+            self._apply_activity(conv, touched)
             self._evaluate(conv, self.clock(), touched)
             if conv.version != before:
-                touched.append(conv)
+                touched.touch(conv)
             policy = conv.write_policy
         return policy, touched.position
 
@@ -498,8 +656,9 @@ class FanoutApplication(Application[UUID]):
             touched.append(tier)
             for cid in cids:
                 conv = self._conversation(tenant, cid)
+                self._apply_activity(conv, touched)
                 if conv.evaluate_write_policy(DISABLED, now, self.params) is not None:
-                    touched.append(conv)
+                    touched.touch(conv)
                 tier.conversation_exited(conversation_id=cid)  # the roster empties either way
             result = {**tier_dict(tenant, size_bucket, tier), "returned_to_always": cids}
         return self._positioned(result, touched)

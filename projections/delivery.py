@@ -19,6 +19,7 @@ from domain.conversation import Conversation
 from domain.delivery import ANNOUNCEMENT, MENTION_ALL, Targets, materialized_members
 from domain.params import Parameters, WritePolicy
 from domain.policy import is_active
+from domain.reads import READ_EVENTS, MemberReadState
 from projections.ports import MessageRefs, ViewStore, ViewWriter
 from projections.sharding import shard_of
 from projections.state import UserConversationState
@@ -137,14 +138,16 @@ def _add_once(seqs: list[int], seq: int) -> None:
 
 class DeliveryProjection:
     name = "delivery"
-    topics = (
+    topics: tuple[type, ...] = (
         Conversation.Created,
         Conversation.MembersJoined,
         Conversation.MemberLeft,
         Conversation.MessageSent,
-        Conversation.ReadMarked,
+        Conversation.ReadMarked,  # logs written before ADR-0018
+        Conversation.MembersActive,
         Conversation.RebuildRequested,
         Conversation.WritePolicyChanged,
+        *READ_EVENTS,
     )
 
     def __init__(self, store: ViewStore, params: Parameters) -> None:
@@ -183,8 +186,10 @@ class DeliveryProjection:
         if isinstance(event, Conversation.Created):
             created = (event.tenant, event.conversation_id)
             return created not in self.models and created not in self.absent
-        if not isinstance(event, self.topics):
+        if not any(isinstance(event, t) for t in self.topics):
             return False
+        if isinstance(event, MemberReadState.Event):  # names its conversation
+            return (event.tenant, event.conversation_id) not in self.models
         key = self.ids.get(event.originator_id)
         return key is None or key not in self.models
 
@@ -192,6 +197,10 @@ class DeliveryProjection:
         """The blocking reads of process(event), done ahead (see missing)."""
         if isinstance(event, Conversation.Created):
             self._load((event.tenant, event.conversation_id))
+            return
+        if isinstance(event, MemberReadState.Event):
+            if (event.tenant, event.conversation_id) not in self.models:
+                self._load((event.tenant, event.conversation_id))
             return
         key = self.ids.get(event.originator_id)
         if key is None:
@@ -256,10 +265,14 @@ class DeliveryProjection:
         """The conversation's working set, or None when this event was applied before:
         its head records the position of the last event applied to it, so a replay
         (at-least-once delivery, or a unit of work whose views committed but whose
-        tracking did not) changes nothing."""
-        key = self.ids.get(e.originator_id)
-        if key is None:
-            key = self.ids[e.originator_id] = self.store.conversation_key(e.originator_id)
+        tracking did not) changes nothing. A member's read event names its conversation
+        (and reaches the conversation's partition: the relay keys it by the conversation)."""
+        if isinstance(e, MemberReadState.Event):
+            key: tuple[str, str] = (e.tenant, e.conversation_id)
+        else:
+            known = self.ids.get(e.originator_id)
+            key = known if known is not None else self.store.conversation_key(e.originator_id)
+            self.ids[e.originator_id] = key
         m = self.model(*key)
         return None if position <= m.head.get("position", 0) else m
 
@@ -448,6 +461,37 @@ class DeliveryProjection:
         # device of this user may not hold them (ADR 0002). Unread is exact again once
         # read_seq passes the gap's end.
         w.put_states(m.tenant, m.conversation_id, [(e.user_id, s)])
+        self._put_head(m, w, position)
+
+    @_process.register
+    def _member_read(self, e: MemberReadState.Event, position: int, w: ViewWriter) -> None:
+        """A member's read (ADR-0018): the read seq as Conversation.ReadMarked moved it. Not
+        activity here: the activity a read is reaches the views (and the Conversation
+        aggregate, at the same log position) as Conversation.MembersActive, so the views'
+        last_active, which materializes mention_only messages, stays the aggregate's."""
+        m = self._conv(e, position)
+        if m is None:
+            return
+        s = m.members.get(e.user_id)
+        if s is None:
+            return
+        self._advance_read(m, s, e.read_seq)
+        w.put_states(m.tenant, m.conversation_id, [(e.user_id, s)])
+        self._put_head(m, w, position)
+
+    @_process.register
+    def _members_active(self, e: Conversation.MembersActive, position: int, w: ViewWriter) -> None:
+        m = self._conv(e, position)
+        if m is None:
+            return
+        changed = []
+        for u, at in e.active.items():
+            s = m.members.get(u)
+            if s is not None:
+                s.last_active = at
+                changed.append((u, s))
+        if changed:
+            w.put_states(m.tenant, m.conversation_id, changed)
         self._put_head(m, w, position)
 
     @_process.register

@@ -48,6 +48,8 @@ from eventsourcing.postgres import PostgresApplicationRecorder, PostgresSubscrip
 from eventsourcing.utils import resolve_topic
 from psycopg.sql import SQL, Identifier
 
+from domain.conversation import Conversation
+from domain.reads import MemberReadState
 from domain.review import Review
 from domain.tier import Tier
 from streams.records import EventRecord, Watermark, position_of
@@ -103,6 +105,11 @@ class RoutingKeys:
     of one key's records.
 
     * Conversation events: str(originator_id), the conversation's aggregate id;
+    * MemberReadState events (a member's reads, ADR-0018): the key of THEIR CONVERSATION,
+      str(Conversation.create_id(tenant, conversation_id)), so they reach the partition of
+      the conversation's events in log order (the projection's head-position skip, ADR-0012,
+      needs that). Every such event carries tenant and conversation_id; the key is decoded
+      once per member stream and then cached by originator id;
     * Tier events: str(originator_id), i.e. str(Tier.create_id(tenant, size_bucket));
     * Review events: the key of THEIR TIER, str(Tier.create_id(tenant, size_bucket)), so a
       review's decision and the tier change it causes are in one partition, in log order.
@@ -121,6 +128,7 @@ class RoutingKeys:
         self.app = app
         self.cache_size = cache_size
         self._review_tier: OrderedDict[UUID, str] = OrderedDict()
+        self._read_conversation: OrderedDict[UUID, str] = OrderedDict()
         self.lookups = 0  # reviews whose tier came from the store
 
     def key(self, note: Notification) -> str:
@@ -129,6 +137,8 @@ class RoutingKeys:
             cls: Any = resolve_topic(note.topic)
         except Exception:  # a topic this code does not know: keep the aggregate's order at least
             return str(originator)
+        if isinstance(cls, type) and issubclass(cls, MemberReadState.Event):
+            return self._conversation_of_reads(originator, note)
         if isinstance(cls, type) and issubclass(cls, Review.Opened):
             opened: Any = self.app.mapper.to_domain_event(note)
             return self._remember(originator, opened.tenant, opened.size_bucket)
@@ -141,6 +151,18 @@ class RoutingKeys:
             review: Any = self.app.repository.get(originator, version=1)
             return self._remember(originator, review.tenant, review.size_bucket)
         return str(originator)
+
+    def _conversation_of_reads(self, originator: UUID, note: Notification) -> str:
+        found = self._read_conversation.get(originator)
+        if found is not None:
+            self._read_conversation.move_to_end(originator)
+            return found
+        read: Any = self.app.mapper.to_domain_event(note)
+        key = str(Conversation.create_id(read.tenant, read.conversation_id))
+        self._read_conversation[originator] = key
+        while len(self._read_conversation) > self.cache_size:
+            self._read_conversation.popitem(last=False)
+        return key
 
     def _remember(self, review_id: UUID, tenant: str, size_bucket: str) -> str:
         key = str(Tier.create_id(tenant, size_bucket))

@@ -32,6 +32,7 @@ from eventsourcing.utils import get_topic
 from domain.conversation import Conversation
 from domain.params import Parameters
 from domain.quota import TenantQuota
+from domain.reads import READ_EVENTS, MemberReadState
 from domain.review import Review, topics_of
 from domain.tier import Tier
 from fanout import strict_json
@@ -39,7 +40,9 @@ from fanout.config import Settings, is_distributed
 from projections.ports import ViewStore
 
 PAGE = 1000
-AGGREGATES: tuple[type[Aggregate], ...] = (Conversation, Review, Tier, TenantQuota)
+AGGREGATES: tuple[type[Aggregate], ...] = (Conversation, Review, Tier, TenantQuota, MemberReadState)
+# A member's reads are in a stream of its own that names its conversation (ADR-0018).
+_READ_TOPICS = frozenset(topics_of(*READ_EVENTS))
 SHOWN = 10  # names listed in an error before "(and N more)"
 _BASE_FIELDS = set(Aggregate.Created.__dataclass_fields__)
 _SKIP = {"originator_id", "originator_version", "timestamp", "originator_topic"}
@@ -254,7 +257,11 @@ def events(app: Any, data_dir: Path | None, f: Filters, progress: Any = None) ->
             if progress is not None:
                 progress(len(notes))
             for note in notes:
-                if only_originator is not None and note.originator_id != only_originator:
+                if (
+                    only_originator is not None
+                    and note.originator_id != only_originator
+                    and note.topic not in _READ_TOPICS
+                ):
                     continue
                 event = app.mapper.to_domain_event(note)
                 keys.learn(event)

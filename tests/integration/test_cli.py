@@ -169,12 +169,13 @@ def test_replay_writes_one_parseable_line_per_event_in_log_order(scenario: Path)
 
 def test_replay_filters_by_type_conversation_and_tenant(scenario: Path) -> None:
     r = fanout(
-        "replay", "--data-dir", str(scenario), "-q", "--type", "MessageSent,Conversation.ReadMarked",
+        "replay", "--data-dir", str(scenario), "-q", "--type", "MessageSent,MemberReadState.Created",
         "--conversation", "all-hands", "--tenant", "demo",
     )  # fmt: skip
     lines = jsonl(r.stdout)
     assert lines
-    assert {x["type"] for x in lines} == {"Conversation.MessageSent", "Conversation.ReadMarked"}
+    # A member's reads are in a stream of its own that names its conversation (ADR-0018).
+    assert {x["type"] for x in lines} == {"Conversation.MessageSent", "MemberReadState.Created"}
     assert {x["conversation_id"] for x in lines} == {"all-hands"}
     assert [x["seq"] for x in lines if x["type"] == "Conversation.MessageSent"] == list(range(1, 10))
 

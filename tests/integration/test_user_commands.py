@@ -61,5 +61,9 @@ def test_mark_reads_that_change_nothing_write_nothing_and_are_not_charged(make_h
     # Activity older than the refresh share of the window is news again (alpha counts it).
     clock.advance(p.activity_window * READ_ACTIVITY_REFRESH + 1)
     refreshed = h.app.mark_read(T, "c", "bob", 1)
-    assert refreshed["coalesced"] is False and refreshed["position"] == top + 1
+    # The read seq did not move: nothing for bob's read stream; the activity refresh is
+    # group-committed (ADR-0018): one Conversation.MembersActive once flushed.
+    assert refreshed["coalesced"] is False and refreshed["position"] == top
+    assert h.app.flush_activity() == 1
+    assert h.log_top() == top + 1
     assert h.app.conversation(T, "c").members["bob"] == clock.now
