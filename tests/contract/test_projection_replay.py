@@ -29,14 +29,15 @@ from tests.integration.conftest import FakeClock, Harness
 T = "acme"
 USERS = ("a", "b", "c", "x")
 PARAMS = Parameters(mailbox_shards=4)
-LOG_EVENTS = 26  # build_log's events; the test of every split point checks it
+LOG_EVENTS = 29  # build_log's events; the test of every split point checks it
 PARTIAL_UNIT = 1  # events in the unit of work whose heads and tracking are lost
 
 
 def build_log(data_dir: Path) -> list[tuple[int, Any]]:
     """A log with every kind of event the delivery projection folds by appending: personal
     mentions and replies (mention_count), @all and announcements (broadcasts), plus
-    joins, a leave, MARK_READ and REBUILD."""
+    joins, a leave, MARK_READ (members' read streams and the activity they record on the
+    conversation, ADR-0018) and REBUILD."""
     clock = FakeClock()
     h = Harness(data_dir, PARAMS, clock)
     try:
@@ -55,9 +56,11 @@ def build_log(data_dir: Path) -> list[tuple[int, Any]]:
         send("a", announcement=True)
         app.add_members(T, "g", ["x"])
         send("c", mentions=["b", "x"])
-        app.mark_read(T, "g", "b", 4)
+        app.mark_read(T, "g", "b", 4)  # b's first read: MemberReadState.Created
+        app.mark_read(T, "g", "x", 5)  # x was never active: a MembersActive precedes the next send
         send("a", mentions=["b"], mention_all=True)
         app.request_rebuild(T, "g", "b")
+        app.mark_read(T, "g", "x", 6)  # MemberReadState.ReadMarked (x is active: nothing more)
         app.remove_member(T, "g", "c")
         send("x", mentions=["a"])
         rid = app.open_review(T, "small", "manual", {}, "admin")["review_id"]

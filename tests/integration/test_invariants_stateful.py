@@ -650,8 +650,11 @@ class FanoutMachine(RuleBasedStateMachine):
         coalesced = seq <= c.read[user] and last > 0.0 and self.now - last < WINDOW * READ_ACTIVITY_REFRESH
         assert out["coalesced"] is coalesced, (out, c.read[user], last, self.now)
         c.read[user] = max(c.read[user], seq)
-        if not coalesced:
-            c.members[user] = self.now  # MARK_READ is activity
+        if not coalesced and not (last > 0.0 and self.now - last < WINDOW * READ_ACTIVITY_REFRESH):
+            # MARK_READ is activity, recorded on the conversation only when the recorded one
+            # is stale (ADR-0018), group-committed before this process's next write to the
+            # conversation (a send decides with it) or by the flush thread.
+            c.members[user] = self.now
         self.settle()
         if seq == c.latest and not self.lag:
             item = self.session(user, cid)
