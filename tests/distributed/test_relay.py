@@ -33,6 +33,7 @@ from eventsourcing.postgres import PostgresSubscription
 import streams.relay as relay_module
 from domain.conversation import Conversation
 from domain.params import Parameters
+from domain.reads import MemberReadState
 from domain.review import Review
 from domain.tier import Tier
 from fanout.application import FanoutApplication
@@ -244,6 +245,10 @@ def test_events_arrive_once_in_order_with_their_keys(store: tuple[str, dict[str,
             w.conversation()
         for _ in range(60):
             w.send()
+        for u in ("u0", "u1", "u2"):  # members' reads: streams of their own, keyed by their conversation
+            w.app.mark_read(TENANT, "c1", u, 1)
+            w.app.mark_read(TENANT, "c1", u, 2)
+        w.app.flush_activity()
         w.app.add_members(TENANT, "c0", [f"member-{i:06d}" for i in range(99_000)])  # a 1.7 MB event
         r_enabled = w.review("enable_mention_only", "small")
         r_none = w.review("no_action", "medium")
@@ -263,6 +268,7 @@ def test_events_arrive_once_in_order_with_their_keys(store: tuple[str, dict[str,
         assert relayed_position(kafka.bootstrap, kafka.topic) == w.top()
 
         partition_of_key = {s.key: s.partition for s in events}
+        reads = 0
         for s in events:
             rec = s.record
             assert isinstance(rec, EventRecord)
@@ -270,8 +276,12 @@ def test_events_arrive_once_in_order_with_their_keys(store: tuple[str, dict[str,
             if issubclass(cls, Review.Event):
                 review: Any = w.app.repository.get(rec.originator_id)
                 assert s.key == str(Tier.create_id(review.tenant, review.size_bucket)), cls
+            elif issubclass(cls, MemberReadState.Event):
+                assert s.key == str(Conversation.create_id(TENANT, "c1")), cls
+                reads += 1
             else:
                 assert s.key == str(rec.originator_id), cls
+        assert reads == 6
         # the decided reviews' records sit with their tier's records (one key, one partition)
         for rid, bucket in ((r_enabled, "small"), (r_late, "large")):
             tier_key = str(Tier.create_id(TENANT, bucket))
