@@ -390,14 +390,25 @@ def consumer_group_members(bootstrap: str, group: str, timeout: float = 5.0) -> 
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout * 1000)})
-    futures = admin.describe_consumer_groups([group], request_timeout=timeout)
-    try:
-        description = futures[group].result(timeout=timeout)
-    except KafkaException as exc:
-        if exc.args and getattr(exc.args[0], "code", lambda: None)() == KafkaError.GROUP_ID_NOT_FOUND:
-            return 0
-        raise
-    return len(description.members)
+    deadline = time.monotonic() + timeout
+    while True:
+        futures = admin.describe_consumer_groups([group], request_timeout=timeout)
+        try:
+            description = futures[group].result(timeout=timeout)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            code = getattr(error, "code", lambda: None)()
+            if code == KafkaError.GROUP_ID_NOT_FOUND:
+                return 0
+            # The group's coordinator moving or loading (NOT_COORDINATOR seen by the e2e
+            # suite): ask again within the timeout, not "the workers are unknown"
+            moving = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE)
+            transient = code in moving or getattr(error, "retriable", lambda: False)()
+            if transient and time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+            raise
+        return len(description.members)
 
 
 def open_cassandra_views(settings: CassandraSettings, *, partitions: int) -> CassandraViews:

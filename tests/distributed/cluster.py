@@ -12,13 +12,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fanout.bootstrap import bootstrap_distributed
+from fanout.bootstrap import bootstrap_distributed, open_cassandra_views
 from fanout.config import load_settings
 from fanout.distributed import DistributedRuntime
+from fanout.urls import cassandra_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,11 +95,13 @@ class Cluster:
                 f"views at {rt.position()}, log at {rt.log_position()} after {timeout} s; logs: {logs}"
             )
 
-    def close(self) -> None:
+    def close(self, sig: int = signal.SIGTERM) -> None:
+        """Close the replicas, then end the subprocesses with `sig` (SIGKILL when the
+        namespace is thrown away anyway)."""
         for rt in self.runtimes:
             rt.close()
         for name in list(self.procs):
-            self.kill(name, signal.SIGTERM)
+            self.kill(name, sig)
 
 
 def cluster_for(urls: dict[str, str], logs: Path, **settings: Any) -> Cluster:
@@ -105,14 +109,13 @@ def cluster_for(urls: dict[str, str], logs: Path, **settings: Any) -> Cluster:
     return Cluster(urls, logs, {k: str(v) for k, v in settings.items()})
 
 
-@contextlib.contextmanager
-def fresh_namespace(engines: Mapping[str, str], partitions: int = 4) -> Iterator[dict[str, str]]:
+def create_namespace(engines: Mapping[str, str], partitions: int = 4, *, schema: bool = False) -> dict[str, str]:
     """FANOUT_EVENT_STORE, FANOUT_LOG, FANOUT_VIEWS naming a new PostgreSQL database, Kafka
-    topic and Cassandra keyspace on the shared engines (the database and the keyspace are
-    dropped afterwards), for fixtures broader than one test (tests/engines.py `fresh_*`)."""
+    topic and Cassandra keyspace on the shared engines (the topic is created by the relay);
+    `schema`: the keyspace and its tables created now (what the first replica would do)."""
     import psycopg
 
-    from tests.engines import drop_keyspace, unique, with_path, with_query
+    from tests.engines import unique, with_path, with_query
 
     name = unique("t")
     admin = with_path(engines["FANOUT_EVENT_STORE"], "postgres")
@@ -123,11 +126,75 @@ def fresh_namespace(engines: Mapping[str, str], partitions: int = 4) -> Iterator
         "FANOUT_LOG": with_query(engines["FANOUT_LOG"], topic=name, partitions=partitions),
         "FANOUT_VIEWS": with_path(engines["FANOUT_VIEWS"], name),
     }
+    if schema:
+        try:
+            open_cassandra_views(cassandra_settings(urls["FANOUT_VIEWS"]), partitions=partitions).close()
+        except BaseException:
+            drop_namespace(urls)
+            raise
+    return urls
+
+
+def drop_namespace(urls: Mapping[str, str]) -> None:
+    """Drop what `create_namespace` created (the topic stays: Kafka deletes nothing here)."""
+    import psycopg
+
+    from tests.engines import drop_keyspace, with_path
+
+    try:
+        drop_keyspace(urls["FANOUT_VIEWS"])
+    finally:
+        database = urls["FANOUT_EVENT_STORE"].rsplit("/", 1)[1].split("?")[0]
+        admin = with_path(urls["FANOUT_EVENT_STORE"], "postgres")
+        with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def fresh_namespace(engines: Mapping[str, str], partitions: int = 4) -> Iterator[dict[str, str]]:
+    """A new namespace for fixtures broader than one test (tests/engines.py `fresh_*`);
+    dropped afterwards."""
+    urls = create_namespace(engines, partitions)
     try:
         yield urls
     finally:
-        try:
-            drop_keyspace(urls["FANOUT_VIEWS"])
-        finally:
-            with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        drop_namespace(urls)
+
+
+class NamespacePool:
+    """Namespaces with their Cassandra schema prepared one ahead in a background thread, and
+    dropped in another: creating a keyspace's 14 tables takes 2-15 s on a loaded 2-core
+    machine, longer than the worker's start, so a suite of many deployments (the e2e suite,
+    one per module) prepares the next while the current one runs. `expected` bounds the
+    work: no namespace is prepared beyond the number the suite will take."""
+
+    def __init__(self, engines: Mapping[str, str], expected: int, partitions: int = 4) -> None:
+        self.engines = dict(engines)
+        self.partitions = partitions
+        self.remaining = expected
+        self._prepare = ThreadPoolExecutor(1, thread_name_prefix="namespace-prepare")
+        self._drop = ThreadPoolExecutor(1, thread_name_prefix="namespace-drop")
+        self._next: Future[dict[str, str]] | None = None
+        self._dropping: list[Future[None]] = []
+
+    def _submit(self) -> Future[dict[str, str]]:
+        return self._prepare.submit(create_namespace, self.engines, self.partitions, schema=True)
+
+    def take(self) -> dict[str, str]:
+        current = self._next if self._next is not None else self._submit()
+        self.remaining -= 1
+        self._next = self._submit() if self.remaining > 0 else None
+        return current.result()
+
+    def give_back(self, urls: Mapping[str, str]) -> None:
+        self._dropping.append(self._drop.submit(drop_namespace, dict(urls)))
+
+    def close(self) -> None:
+        if self._next is not None:
+            with contextlib.suppress(Exception):
+                self.give_back(self._next.result())
+            self._next = None
+        self._prepare.shutdown(wait=True)
+        self._drop.shutdown(wait=True)
+        for f in self._dropping:
+            f.result()  # a namespace that could not be dropped fails the session loudly

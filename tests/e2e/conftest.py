@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import signal
 import threading
 import time
 import uuid
@@ -39,7 +40,7 @@ from fanout.bootstrap import bootstrap
 from fanout.config import load_settings, parameter_names
 from fanout.runtime import Runtime
 from fanout.security import mint_token
-from tests.distributed.cluster import Cluster, cluster_for, fresh_namespace
+from tests.distributed.cluster import Cluster, NamespacePool, cluster_for
 
 SECRET = "e2e-secret-" + "x" * 40
 RUNTIMES = ("embedded", "distributed")
@@ -122,7 +123,9 @@ def params_env(params: Parameters) -> dict[str, str]:
             env["FANOUT_PER_CONVERSATION_MSG_RATE"] = "/".join(repr(getattr(params, b)) for b in _BUCKET_RATES)
             continue
         if f.name not in _SETTINGS:
-            raise AssertionError(f"Parameters.{f.name}={value!r} has no FANOUT_ setting: this module cannot run distributed")
+            raise AssertionError(
+                f"Parameters.{f.name}={value!r} has no FANOUT_ setting: this module cannot run distributed"
+            )
         name, write = _SETTINGS[f.name]
         env[f"FANOUT_{name}"] = write(value)
     assert set(env) <= set(parameter_names()), sorted(set(env) - set(parameter_names()))
@@ -210,11 +213,13 @@ def serving(data_dir: Path, params: Parameters = FAST, *, start_runtime: bool = 
 
 
 @contextlib.contextmanager
-def deployment(engines: Mapping[str, str], logs: Path, params: Parameters = FAST) -> Iterator[Cluster]:
+def deployment(namespaces: NamespacePool, logs: Path, params: Parameters = FAST) -> Iterator[Cluster]:
     """A distributed deployment on a fresh namespace: its first replica (which creates the
-    event store's tables and the keyspace), then `fanout relay` and one `fanout worker`,
-    every process with `params` as FANOUT_ settings."""
-    with fresh_namespace(engines) as urls:
+    event store's tables), then `fanout relay` and one `fanout worker`, every process with
+    `params` as FANOUT_ settings. Thrown away after: the processes SIGKILLed, the namespace
+    dropped in the background."""
+    urls = namespaces.take()
+    try:
         cluster = cluster_for(urls, logs, **params_env(params))
         try:
             check_settings(cluster.env(), params)
@@ -224,7 +229,32 @@ def deployment(engines: Mapping[str, str], logs: Path, params: Parameters = FAST
             cluster.wait_workers(1)
             yield cluster
         finally:
-            cluster.close()
+            cluster.close(signal.SIGKILL)
+    finally:
+        namespaces.give_back(urls)
+
+
+_distributed_modules: set[str] = set()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """How many deployments the session will build (one per module running distributed),
+    after -k / -m deselection: the namespace pool prepares no more than that."""
+    _distributed_modules.clear()
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("runtime_kind") == "distributed":
+            _distributed_modules.add(item.nodeid.split("::")[0])
+
+
+@pytest.fixture(scope="session")
+def namespaces(engines: dict[str, str]) -> Iterator[NamespacePool]:
+    pool = NamespacePool(engines, expected=max(1, len(_distributed_modules)))
+    try:
+        yield pool
+    finally:
+        pool.close()
 
 
 @contextlib.contextmanager
@@ -247,8 +277,8 @@ def server(
         with serving(tmp_path_factory.mktemp("data"), params) as s:
             yield s
         return
-    engines = request.getfixturevalue("engines")
-    with deployment(engines, tmp_path_factory.mktemp("cluster"), params) as cluster:
+    pool = request.getfixturevalue("namespaces")
+    with deployment(pool, tmp_path_factory.mktemp("cluster"), params) as cluster:
         runtime = cluster.runtimes[0]
         s = Server(runtime, create_app(runtime, SECRET), kind="distributed", cluster=cluster).start()
         try:
