@@ -414,9 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
         "through an API replica, every step waiting for the views (progress on stderr).",
         "fanout demo --data-dir /tmp/fanout-demo --members 100000",
     )
-    p.add_argument(
-        "--members", type=int, default=None, help="members of the large group (default 100000; --distributed 20000)"
-    )
+    p.add_argument("--members", type=int, default=None, help="members of the large group (default 100000)")
     p.add_argument("--distributed", action="store_true", help="run on PostgreSQL, Kafka, Faust and Cassandra")
     p.add_argument("--keep", action="store_true", help="--distributed: keep the database, topic and keyspace")
     p.add_argument("--partitions", type=int, help="--distributed: partitions of the demo's topic (default 4)")
