@@ -93,7 +93,7 @@ class Unit(list[Aggregate]):
     def __init__(self) -> None:
         super().__init__()
         # (conversation key, pending activity applied): cleared from the pending map once saved
-        self.activity: list[tuple[tuple[str, str], dict[str, float]]] = []
+        self.activity: list[tuple[tuple[str, str], dict[str, float], bool]] = []
 
     def touch(self, aggregate: Aggregate) -> None:
         """Add an aggregate to save, once (by identity)."""
@@ -151,7 +151,7 @@ class FanoutApplication(Application[UUID]):
         self._pending: dict[tuple[str, str], dict[str, float]] = {}  # (tenant, cid) -> user -> at
         self._flusher: threading.Thread | None = None
         self._closing = threading.Event()
-        self.activity_events = 0  # MembersActive events appended
+        self.activity_events = 0  # MembersActive events saved
 
     # -- plumbing ------------------------------------------------------------
 
@@ -191,8 +191,9 @@ class FanoutApplication(Application[UUID]):
                     recordings = self.save(*touched)
                     if recordings:
                         touched.position = max(r.notification.id for r in recordings)
-                for key, applied in touched.activity:
+                for key, applied, recorded in touched.activity:
                     self._activity_saved(key, applied)
+                    self.activity_events += recorded
             except BaseException as exc:
                 for a in [*touched, *self._loaded]:
                     if a in touched or getattr(a, "_pending_events", None):
@@ -242,9 +243,9 @@ class FanoutApplication(Application[UUID]):
         if not pending:
             return
         applied = dict(pending)
-        touched.activity.append((key, applied))
-        if conv.record_activity(applied, self.clock()):
-            self.activity_events += 1
+        recorded = bool(conv.record_activity(applied, self.clock()))
+        touched.activity.append((key, applied, recorded))
+        if recorded:
             touched.touch(conv)
 
     def _activity_saved(self, key: tuple[str, str], applied: dict[str, float]) -> None:
