@@ -373,7 +373,7 @@ def verify_distributed(
     *,
     limit: int = 10,
     progress: bool = True,
-    out: TextIO = sys.stderr,
+    out: TextIO | None = None,
     settle_timeout: float = SETTLE_TIMEOUT,
 ) -> VerifyResult:
     """Project the PostgreSQL log into a scratch keyspace up to the position the live
@@ -385,6 +385,7 @@ def verify_distributed(
 
     from fanout.bootstrap import cassandra_aside_builds, log_partitions, open_application_for, open_distributed_views
 
+    out = sys.stderr if out is None else out  # the stream at call time (not at import)
     started = time.monotonic()
     partitions = log_partitions(settings)
     app = open_application_for(settings)
@@ -435,7 +436,7 @@ def rebuild_distributed(
     target: str,
     *,
     progress: bool = True,
-    out: TextIO = sys.stderr,
+    out: TextIO | None = None,
 ) -> RebuildResult:
     """Rebuild `target` of the Cassandra views: with every worker stopped and the views'
     partitions at one position P, project the PostgreSQL log 1..P into `<keyspace>_rebuild`,
@@ -451,6 +452,7 @@ def rebuild_distributed(
     if target not in TARGETS:
         raise RebuildError(f"rebuild target must be one of {', '.join(TARGETS)}")
     parts = TARGETS[target]
+    out = sys.stderr if out is None else out
     started = time.monotonic()
     partitions = log_partitions(settings)
 
