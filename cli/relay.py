@@ -33,8 +33,8 @@ _DESCRIPTION = (
 DESCRIPTION = textwrap.fill(_DESCRIPTION, 100)
 EPILOG = (
     "example:\n"
-    "  FANOUT_EVENT_STORE=postgresql://postgres@127.0.0.1:5432/fanout \\\n"
-    "  FANOUT_LOG='kafka://127.0.0.1:9092?topic=fanout.events&partitions=6' fanout relay"
+    "  fanout relay   # with FANOUT_EVENT_STORE=postgresql://postgres@127.0.0.1:5432/fanout\n"
+    "                 # and FANOUT_LOG='kafka://127.0.0.1:9092?topic=fanout.events&partitions=6'"
 )
 
 

@@ -42,7 +42,7 @@ DESCRIPTION = (
     "(one consumer group). Engines: FANOUT_EVENT_STORE=postgresql://..., FANOUT_LOG=kafka://..., "
     "FANOUT_VIEWS=cassandra://... (or sqlite with --data-dir for a single worker)."
 )
-EXAMPLE = "FANOUT_LOG=kafka://127.0.0.1:9092?topic=fanout.events fanout worker --web-port 6066"
+EXAMPLE = "fanout worker --web-port 6066   # with FANOUT_EVENT_STORE, FANOUT_LOG and FANOUT_VIEWS set"
 
 
 def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
