@@ -19,7 +19,7 @@ from cassandra import ConsistencyLevel
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
 from cassandra.concurrent import execute_concurrent
 from cassandra.io.asyncioreactor import AsyncioConnection
-from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
 from cassandra.query import BatchStatement, BatchType, PreparedStatement, dict_factory
 
 from projections.ports import MailboxEntry, MessageRefs
@@ -27,6 +27,10 @@ from projections.ports import MailboxEntry, MessageRefs
 BATCH_ROWS = 100  # rows per UNLOGGED batch (100 x ~60 bytes: far below the 64 KiB size warning)
 IN_FLIGHT = 200  # batches in the air at once
 TIMEOUT = 30.0  # seconds per request
+# The driver's default reconnection policy doubles its delay up to 600 s: after a Cassandra
+# restart of ~16 s the next attempt came ~15 s after the node was back (the worker's retried
+# unit and the replicas' watermark watcher waited for it; tests/distributed/test_crash.py).
+RECONNECT_DELAYS = (0.5, 5.0)  # seconds: first delay, longest delay between attempts
 
 MAILBOX_TABLE = """
 CREATE TABLE IF NOT EXISTS {ks}.mailbox (
@@ -90,6 +94,7 @@ def open_cluster(
         protocol_version=5,
         execution_profiles={EXEC_PROFILE_DEFAULT: profile},
         connection_class=_connection_class(reactor),
+        reconnection_policy=ExponentialReconnectionPolicy(*RECONNECT_DELAYS),
     )
     try:
         return cluster, cluster.connect()
