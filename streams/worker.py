@@ -75,7 +75,8 @@ class HostStats:
     started: float = field(default_factory=time.monotonic)
 
 
-# Events that reshape a conversation's member states (who is a member, who is skipped):
+# Events that reshape a conversation's member states (who is a member, who is active, who
+# is skipped):
 # each is applied in a unit of work of its own. Cassandra writes a unit's states before its
 # head, so after a crash between the two a replay reloads the states as the unit left
 # them: a send replayed with a later join's states would reach the joiner. With a
@@ -88,6 +89,7 @@ ALONE = frozenset(
         Conversation.MemberLeft,
         Conversation.WritePolicyChanged,
         Conversation.RebuildRequested,
+        Conversation.MembersActive,  # who is active decides who a mention_only send reaches
     )
 )
 
