@@ -162,39 +162,54 @@ def fresh_namespace(engines: Mapping[str, str], partitions: int = 4) -> Iterator
 
 
 class NamespacePool:
-    """Namespaces with their Cassandra schema prepared one ahead in a background thread, and
-    dropped in another: creating a keyspace's 14 tables takes 2-15 s on a loaded 2-core
-    machine, longer than the worker's start, so a suite of many deployments (the e2e suite,
-    one per module) prepares the next while the current one runs. `expected` bounds the
-    work: no namespace is prepared beyond the number the suite will take."""
+    """Namespaces with their Cassandra schema prepared ahead, and dropped, in one background
+    thread: creating a keyspace's 14 tables takes 2-15 s on a loaded 2-core machine, so a
+    suite of many deployments (the e2e suite, one per module) prepares the next one while
+    the current one runs its tests. Cassandra applies schema changes one at a time, even a
+    CREATE ... IF NOT EXISTS that changes nothing: background schema work while a replica
+    opens its views (which runs those statements) would stall it for as long, so the work is
+    queued by `prefetch()`, which a caller makes once its deployment is up. `expected` bounds
+    it: no namespace is prepared beyond the number the suite will take."""
 
     def __init__(self, engines: Mapping[str, str], expected: int, partitions: int = 4) -> None:
         self.engines = dict(engines)
         self.partitions = partitions
         self.remaining = expected
-        self._prepare = ThreadPoolExecutor(1, thread_name_prefix="namespace-prepare")
-        self._drop = ThreadPoolExecutor(1, thread_name_prefix="namespace-drop")
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="namespaces")
         self._next: Future[dict[str, str]] | None = None
+        self._returned: list[dict[str, str]] = []
         self._dropping: list[Future[None]] = []
 
-    def _submit(self) -> Future[dict[str, str]]:
-        return self._prepare.submit(create_namespace, self.engines, self.partitions, schema=True)
+    def _prepare(self) -> Future[dict[str, str]]:
+        return self._worker.submit(create_namespace, self.engines, self.partitions, schema=True)
 
     def take(self) -> dict[str, str]:
-        current = self._next if self._next is not None else self._submit()
+        """A prepared namespace (prepared now if none is)."""
+        current = self._next if self._next is not None else self._prepare()
+        self._next = None
         self.remaining -= 1
-        self._next = self._submit() if self.remaining > 0 else None
         return current.result()
 
     def give_back(self, urls: Mapping[str, str]) -> None:
-        self._dropping.append(self._drop.submit(drop_namespace, dict(urls)))
+        """Drop it at the next `prefetch()` (or `close()`)."""
+        self._returned.append(dict(urls))
+
+    def prefetch(self) -> None:
+        """Now is a good time for schema work: drop what was given back, prepare the next."""
+        self._drop_returned()
+        if self.remaining > 0 and self._next is None:
+            self._next = self._prepare()
+
+    def _drop_returned(self) -> None:
+        while self._returned:
+            self._dropping.append(self._worker.submit(drop_namespace, self._returned.pop()))
 
     def close(self) -> None:
         if self._next is not None:
             with contextlib.suppress(Exception):
                 self.give_back(self._next.result())
             self._next = None
-        self._prepare.shutdown(wait=True)
-        self._drop.shutdown(wait=True)
+        self._drop_returned()
+        self._worker.shutdown(wait=True)
         for f in self._dropping:
             f.result()  # a namespace that could not be dropped fails the session loudly

@@ -227,6 +227,7 @@ def deployment(namespaces: NamespacePool, logs: Path, params: Parameters = FAST)
             cluster.start("relay")
             cluster.start("worker")
             cluster.wait_workers(1)
+            namespaces.prefetch()  # the next module's namespace, while this one's tests run
             yield cluster
         finally:
             cluster.close(signal.SIGKILL)
