@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -363,14 +364,34 @@ class KafkaEngines:
 
         self.kafka = kafka
         self.worker_group = worker_group or WorkerSettings(kafka.bootstrap, kafka.topic).group
+        # Long-lived clients, one caller at a time: a client created and destroyed per check
+        # while the broker restarted aborted the process inside librdkafka.
+        self._lock = threading.Lock()
+        self._admin: Any = None
+        self._consumer: Any = None
 
     def relayed_position(self) -> int:
-        from streams.relay import relayed_position
+        from streams.relay import position_consumer, relayed_position
 
-        return relayed_position(self.kafka.bootstrap, self.kafka.topic, timeout=5.0)
+        with self._lock:
+            if self._consumer is None:
+                self._consumer = position_consumer(self.kafka.bootstrap)
+            return relayed_position(self.kafka.bootstrap, self.kafka.topic, timeout=5.0, consumer=self._consumer)
 
     def workers(self) -> int:
-        return consumer_group_members(self.kafka.bootstrap, self.worker_group)
+        from confluent_kafka.admin import AdminClient
+
+        with self._lock:
+            if self._admin is None:
+                self._admin = AdminClient({"bootstrap.servers": self.kafka.bootstrap})
+            return consumer_group_members(self.kafka.bootstrap, self.worker_group, admin=self._admin)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._consumer is not None:
+                self._consumer.close()
+                self._consumer = None
+            self._admin = None
 
     def subscribe_pushes(self, callback: Callable[[Delivered], None]) -> Closeable:
         from streams.pushes import PushSubscriber, pushes_topic
@@ -384,12 +405,14 @@ class KafkaEngines:
         return Subscription()
 
 
-def consumer_group_members(bootstrap: str, group: str, timeout: float = 5.0) -> int:
-    """Members of a Kafka consumer group (0 when it is empty or unknown)."""
+def consumer_group_members(bootstrap: str, group: str, timeout: float = 5.0, *, admin: Any = None) -> int:
+    """Members of a Kafka consumer group (0 when it is empty or unknown). A caller that
+    asks often passes its own long-lived AdminClient."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout * 1000)})
+    if admin is None:
+        admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout * 1000)})
     deadline = time.monotonic() + timeout
     while True:
         futures = admin.describe_consumer_groups([group], request_timeout=timeout)

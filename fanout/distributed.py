@@ -50,6 +50,9 @@ class Engines(Protocol):
     def subscribe_pushes(self, callback: Callable[[Delivered], None]) -> Closeable:
         """Receive every Delivered the workers publish after their commits."""
 
+    def close(self) -> None:
+        """Release the clients the checks keep."""
+
 
 class DistributedRuntime:
     def __init__(
@@ -219,6 +222,7 @@ class DistributedRuntime:
             t.join(5)
         if self._pushes is not None:
             self._pushes.close()
+        self.engines.close()
         self.hub.close()
         self.views.close()
         self.app.close()

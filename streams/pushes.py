@@ -72,6 +72,8 @@ def decode(value: bytes) -> Delivered:
         raise ValueError(f"not a push record: {exc}") from None
 
 
+MAX_PUSH_BYTES = 32 * 1024 * 1024  # a 100k-member push with the member lists, with room to spare
+
 # -- topics -------------------------------------------------------------------------------
 
 
@@ -81,7 +83,13 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, replication: int =
     admin = AdminClient({"bootstrap.servers": bootstrap})  # kept referenced until the futures resolve
     if topic in admin.list_topics(timeout=timeout).topics:
         return False
-    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=replication)])
+    new = NewTopic(
+        topic,
+        num_partitions=partitions,
+        replication_factor=replication,
+        config={"max.message.bytes": str(MAX_PUSH_BYTES)},
+    )
+    futures = admin.create_topics([new])
     try:
         futures[topic].result(timeout)
     except KafkaException as exc:
@@ -114,7 +122,16 @@ class PushPublisher:
         self.failed = 0
         self.published = 0
         self._producer = Producer(
-            {"bootstrap.servers": bootstrap, "linger.ms": linger_ms, "enable.idempotence": True, "acks": "all"}
+            {
+                "bootstrap.servers": bootstrap,
+                "linger.ms": linger_ms,
+                "enable.idempotence": True,
+                "acks": "all",
+                # A push names the members at send time: ~1.5 MB of JSON for 100k members
+                # (about 0.3 MB compressed). The default 1 MB limit dropped every large-group push.
+                "compression.type": "lz4",
+                "message.max.bytes": MAX_PUSH_BYTES + 1024 * 1024,
+            }
         )
 
     def _report(self, err: KafkaError | None, _msg: Any) -> None:
@@ -182,6 +199,8 @@ class PushSubscriber:
                 "enable.auto.offset.store": False,
                 "fetch.wait.max.ms": 50,
                 "isolation.level": "read_committed",
+                "fetch.max.bytes": MAX_PUSH_BYTES * 2,
+                "max.partition.fetch.bytes": MAX_PUSH_BYTES,
             }
         )
         try:

@@ -272,6 +272,11 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, replication: int, 
         time.sleep(0.1)
 
 
+def position_consumer(bootstrap: str) -> Consumer:
+    """A consumer for `relayed_position(..., consumer=)` (never joins a group)."""
+    return _position_consumer(bootstrap)
+
+
 def _position_consumer(bootstrap: str) -> Consumer:
     return Consumer(
         {
@@ -290,7 +295,14 @@ def _position_consumer(bootstrap: str) -> Consumer:
     )
 
 
-def relayed_position(bootstrap: str, topic: str, *, timeout: float = 30.0, window: int = POSITION_WINDOW) -> int:
+def relayed_position(
+    bootstrap: str,
+    topic: str,
+    *,
+    timeout: float = 30.0,
+    window: int = POSITION_WINDOW,
+    consumer: Consumer | None = None,
+) -> int:
     """The log position the relay has published to `topic`, as a read_committed consumer
     sees it: the largest position header (event or watermark) among the last committed
     records of the partitions; 0 when the topic is missing or empty.
@@ -299,8 +311,12 @@ def relayed_position(bootstrap: str, topic: str, *, timeout: float = 30.0, windo
     stable offset for read_committed) to the end; a partition whose window holds no
     committed fanout record (only aborted records and transaction markers) is read again
     from further back. Cheap (a few small fetches), so /metrics, /readyz and the relay's
-    lag can call it."""
-    consumer = _position_consumer(bootstrap)
+    lag can call it. A caller that asks often passes its own long-lived `consumer`
+    (`position_consumer`, used by one thread at a time): creating and destroying a client
+    per call while the broker restarts aborted the process inside librdkafka
+    (rd_kafka_enq_once_del_source_return assertion)."""
+    owned = consumer is None
+    consumer = _position_consumer(bootstrap) if consumer is None else consumer
     try:
         try:
             md = consumer.list_topics(topic, timeout=min(timeout, 10.0))
@@ -315,7 +331,8 @@ def relayed_position(bootstrap: str, topic: str, *, timeout: float = 30.0, windo
             raise RelayError(f"reading the end of {topic} at {bootstrap}: {exc}") from None
         return max(found.values(), default=0)
     finally:
-        consumer.close()
+        if owned:
+            consumer.close()
 
 
 def _last_positions(

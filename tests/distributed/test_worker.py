@@ -42,6 +42,7 @@ from projections.hosting import PROJECTIONS
 from streams.embedded import EmbeddedRunner
 from streams.pushes import PushSubscriber, ensure_topic, pushes_topic
 from streams.records import EventRecord, Watermark
+from streams.relay import RoutingKeys
 from streams.worker import PartitionHost, Record
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,7 +201,7 @@ class FakeRelay:
     def send_notes(self, notes: Sequence[Any], chunk: int = 40) -> None:
         for i in range(0, len(notes), chunk):
             part = notes[i : i + chunk]
-            self.send([(str(n.originator_id), event_record(n)) for n in part], watermark=part[-1].id)
+            self.send([(routing_key(n), event_record(n)) for n in part], watermark=part[-1].id)
 
 
 # -- the worker subprocess ----------------------------------------------------------------------
@@ -472,11 +473,23 @@ def read_all(bootstrap: str, topic: str, isolation: str) -> list[int]:
 # -- the units of work, driven directly (in-memory views, no Kafka) ------------------------------
 
 
+_KEYS: RoutingKeys | None = None
+
+
+def routing_key(note: Any) -> str:
+    """The relay's key of a notification (streams.relay.RoutingKeys: a member's reads go with
+    their conversation), decoded with a store-less application of the same event classes."""
+    global _KEYS
+    if _KEYS is None:
+        _KEYS = RoutingKeys(FanoutApplication(Parameters(), {"PERSISTENCE_MODULE": "eventsourcing.popo"}))
+    return _KEYS.key(note)
+
+
 def partitioned(notes: Sequence[Any], partitions: int = PARTITIONS) -> dict[int, list[Record]]:
     """The notes routed by aggregate id, each partition ending with the top watermark."""
     out: dict[int, list[Record]] = {p: [] for p in range(partitions)}
     for n in notes:
-        out[hash(str(n.originator_id)) % partitions].append(event_record(n))
+        out[hash(routing_key(n)) % partitions].append(event_record(n))
     for p in out:
         out[p].append(Watermark(notes[-1].id))
     return out
