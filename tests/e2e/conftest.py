@@ -9,6 +9,12 @@ WebSocket with aiohttp's client, through a small API-client helper, on each runt
 The module-scoped `server` fixture is parametrized over both (ids `test_x[embedded]`,
 `test_x[distributed]`). A module sets `RUNTIMES = ("embedded",)` to run on fewer, a test
 `@pytest.mark.runtimes("embedded")`; say why next to it (it pokes embedded internals).
+Embedded only, today: test_fresh_reads' read with no projector at all (marker); and the
+tests that build their own embedded server with `serving()` / `bootstrap()` instead of
+using `server` (no runtime in their ids): test_overload (a stopped runner, a RocksDB
+mailbox made to fail, a connection bound needing its own PARAMS), test_operations' readyz
+without a runner and server-stop tests, test_error_mapping's raising routes.
+test_replicas runs distributed only (replicas).
 
 A module sets `PARAMS = Parameters(...)` to run its server with other parameters; on the
 distributed runtime they reach every process as FANOUT_<NAME> settings (`params_env`).
