@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: install demo test test-fast lint typecheck bench serve clean \
-	install-distributed engines-up engines-down engines-check
+	install-distributed engines-up engines-down engines-check test-engine-restarts
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -45,6 +45,10 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The crash tests that restart Kafka and Cassandra (not in `make test`: see pyproject addopts).
+test-engine-restarts: $(STAMP)
+	$(BIN)/python -m pytest -m engine_restart tests/distributed/test_crash.py
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"

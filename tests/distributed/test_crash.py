@@ -537,6 +537,7 @@ def test_c_kill_9_of_a_worker_the_other_takes_over(deployment: Deployment) -> No
 # -- d: a restart of the Kafka broker ----------------------------------------------------------------
 
 
+@pytest.mark.engine_restart
 def test_d_a_restart_of_the_kafka_broker(deployment: Deployment) -> None:
     d = deployment
     require_local_engine("kafka", "kafka.pid")
@@ -577,6 +578,7 @@ def test_d_a_restart_of_the_kafka_broker(deployment: Deployment) -> None:
 # -- e: a restart of Cassandra -------------------------------------------------------------------------
 
 
+@pytest.mark.engine_restart
 def test_e_a_restart_of_cassandra(deployment: Deployment) -> None:
     d = deployment
     require_local_engine("cassandra", "cassandra.pid")
