@@ -44,6 +44,31 @@ TIMEOUT = 30.0  # seconds per request
 RECONNECT_DELAYS = (0.5, 5.0)  # seconds: first delay, longest delay between attempts
 
 STATE_COLUMNS = tuple(f.name for f in fields(UserConversationState))  # UserConversationState.row() order
+# A null written by an INSERT is a tombstone: two per member row (no gap is the common case) made
+# a 100k-member partition 200k tombstones, read on every load of the conversation, and that was
+# what ran Cassandra out of heap in the crash tests. "No value" is stored as -1 (seqs are >= 0).
+NO_SEQ = -1
+_NULLABLE_SEQS = ("delivered_conversation_seq", "gap_end")
+
+
+def _seq_cell(value: int | None) -> int:
+    return NO_SEQ if value is None else value
+
+
+def _state_cells(state: UserConversationState) -> tuple[Any, ...]:
+    row = state.row()
+    for c in _NULLABLE_SEQS:
+        row[c] = _seq_cell(row[c])
+    return tuple(row.values())
+
+
+def _state_row(r: Any) -> dict[str, Any]:
+    """A stored state row with its sentinels read back as None."""
+    row = {c: r[c] for c in STATE_COLUMNS}
+    for c in _NULLABLE_SEQS:
+        if row[c] == NO_SEQ:
+            row[c] = None
+    return row
 HEAD_COLUMNS = (
     "aggregate_id",
     "title",
@@ -506,12 +531,14 @@ class CassandraViews:
         user: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
         for (tenant, cid, u), (op, value) in sorted(states.items(), key=lambda kv: kv[0]):
             if op == "put":
-                row = tuple(value.row().values())
+                row = _state_cells(value)
                 conv.append((ps["conv_state"], (tenant, cid, u, *row)))
                 user.append((ps["user_state"], (tenant, u, cid, *row)))
             elif op == "gap":
-                conv.append((ps["conv_gap"], (*value, tenant, cid, u)))
-                user.append((ps["user_gap"], (*value, tenant, u, cid)))
+                delivered, skipping, gap_end = value
+                cells = (_seq_cell(delivered), skipping, _seq_cell(gap_end))
+                conv.append((ps["conv_gap"], (*cells, tenant, cid, u)))
+                user.append((ps["user_gap"], (*cells, tenant, u, cid)))
             else:
                 conv.append((ps["conv_delete"], (tenant, cid, u)))
                 user.append((ps["user_delete"], (tenant, u, cid)))
@@ -630,7 +657,7 @@ class CassandraViews:
         states_f = self.session.execute_async(self._r["conv_states"], key)
         casts_f = self.session.execute_async(self._r["broadcasts"], key)
         head = head_f.result().one()
-        states = {r["user_id"]: UserConversationState.from_row(r) for r in states_f.result()}
+        states = {r["user_id"]: UserConversationState.from_row(_state_row(r)) for r in states_f.result()}
         broadcasts = [r["conversation_seq"] for r in casts_f.result()]
         return (dict(head) if head is not None else None), states, broadcasts
 
@@ -644,13 +671,13 @@ class CassandraViews:
             "tenant": tenant,
             "user_id": user_id,
             "conversation_id": conversation_id,
-            **{c: row[c] for c in STATE_COLUMNS},
+            **_state_row(row),
         }
 
     def user_states(self, tenant: str, user_id: str) -> Mapping[str, UserConversationState]:
         """One partition (tenant, user)."""
         return {
-            r["conversation_id"]: UserConversationState.from_row(r)
+            r["conversation_id"]: UserConversationState.from_row(_state_row(r))
             for r in self.session.execute(self._r["user_states"], (tenant, user_id))
         }
 

@@ -14,7 +14,7 @@
 #   FANOUT_ENGINES_CASSANDRA_VERSION       default 5.0.9
 #   FANOUT_ENGINES_CASSANDRA_PORT          CQL port, default 19042
 #   FANOUT_ENGINES_CASSANDRA_STORAGE_PORT  internode port (loopback), default 17000
-#   FANOUT_ENGINES_CASSANDRA_HEAP          -Xms/-Xmx, default 512m (1g gives more headroom for bulk loads)
+#   FANOUT_ENGINES_CASSANDRA_HEAP          -Xms/-Xmx, default 2g (512m ran out of heap under the 100k-member crash tests)
 #   FANOUT_ENGINES_CASSANDRA_KEYSPACE      keyspace named in the printed URL, default fanout
 #   FANOUT_ENGINES_CASSANDRA_MLOCK=1       let Cassandra mlockall (as root that pins the whole heap)
 # Needs a Java 11 or 17 (Cassandra 5.0 does not run on 21+; JAVA_HOME honoured when it fits) and,
@@ -27,7 +27,7 @@ ENGINE=cassandra-up
 VERSION="${FANOUT_ENGINES_CASSANDRA_VERSION:-5.0.9}"
 PORT="${FANOUT_ENGINES_CASSANDRA_PORT:-19042}"
 SPORT="${FANOUT_ENGINES_CASSANDRA_STORAGE_PORT:-17000}"
-HEAP="${FANOUT_ENGINES_CASSANDRA_HEAP:-512m}"
+HEAP="${FANOUT_ENGINES_CASSANDRA_HEAP:-2g}"
 KEYSPACE="${FANOUT_ENGINES_CASSANDRA_KEYSPACE:-fanout}"
 LIB="$ENGINES_CACHE/cassandra-$VERSION"
 BASE="$ENGINES_DIR/cassandra"

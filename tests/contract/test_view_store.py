@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from adapters.cassandra_mailbox import MAILBOX_TABLE, CassandraMailbox
-from adapters.cassandra_views import TABLES, CassandraViews, create_schema, open_cluster
+from adapters.cassandra_views import NO_SEQ, TABLES, CassandraViews, create_schema, open_cluster
 from adapters.memory import MemoryViews
 from fanout.bootstrap import open_views
 from fanout.urls import cassandra_settings
@@ -422,6 +422,22 @@ class TestCassandraViews(ViewStoreContract, PartitionedLogContract):
         finally:
             for s in stores:
                 s.close()
+
+    def test_member_rows_without_a_gap_hold_no_null_cells(self) -> None:
+        """A null bound in an INSERT is a tombstone; two per member row made a 100k-member
+        partition 200k tombstones, read on every load, and ran Cassandra out of heap (CI).
+        'No seq' is stored as NO_SEQ; the contract tests above read it back as None."""
+        views = self.ks.views()
+        with views.unit_of_work() as w:
+            w.put_head(T, "c", head("c", 2))
+            w.put_states(T, "c", [("a", UserConversationState(read_conversation_seq=0, joined_seq=0))])
+            w.put_gaps(T, "c", [("a", UserConversationState(read_conversation_seq=0, joined_seq=0, skipping=True))])
+        for table in ("conversation_states", "user_states"):
+            row = self.ks.session.execute(f"SELECT * FROM {self.ks.keyspace}.{table}").one()
+            assert row is not None
+            assert [c for c, v in row.items() if v is None] == []
+            assert (row["delivered_conversation_seq"], row["gap_end"]) == (NO_SEQ, NO_SEQ)
+        assert views.load_conversation(T, "c")[1]["a"].delivered_conversation_seq is None
 
     def test_a_process_using_the_store_exits_promptly(self, fresh_cassandra: str) -> None:
         """close() shuts the cluster down and no reactor thread keeps the process alive."""
