@@ -69,6 +69,8 @@ def _state_row(r: Any) -> dict[str, Any]:
         if row[c] == NO_SEQ:
             row[c] = None
     return row
+
+
 HEAD_COLUMNS = (
     "aggregate_id",
     "title",
