@@ -242,6 +242,7 @@ def _run(
         params,
         to_domain_event,
         on_effects,
+        beat=publisher.beat,
     )
     print(
         f"fanout: worker {worker.settings.group} consuming {kafka.topic} at {kafka.bootstrap} (read_committed), "

@@ -356,19 +356,19 @@ class EmbeddedRuntime:
 
 
 class KafkaEngines:
-    """What an API replica asks of Kafka: the relay's committed position, the workers in
-    the projection consumer group, and the online pushes the workers publish."""
+    """What an API replica asks of Kafka: the relay's committed position, the live workers
+    (their heartbeats on the pushes topic) and the online pushes the workers publish."""
 
-    def __init__(self, kafka: KafkaSettings, worker_group: str | None = None) -> None:
-        from streams.worker import WorkerSettings
+    def __init__(self, kafka: KafkaSettings) -> None:
+        from streams.pushes import WorkerBeats
 
         self.kafka = kafka
-        self.worker_group = worker_group or WorkerSettings(kafka.bootstrap, kafka.topic).group
-        # Long-lived clients, one caller at a time: a client created and destroyed per check
+        self.beats = WorkerBeats()
+        # One long-lived client, one caller at a time: a client created and destroyed per check
         # while the broker restarted aborted the process inside librdkafka.
         self._lock = threading.Lock()
-        self._admin: Any = None
         self._consumer: Any = None
+        self._subscribed = False
 
     def relayed_position(self) -> int:
         from streams.relay import position_consumer, relayed_position
@@ -379,24 +379,29 @@ class KafkaEngines:
             return relayed_position(self.kafka.bootstrap, self.kafka.topic, timeout=5.0, consumer=self._consumer)
 
     def workers(self) -> int:
-        from confluent_kafka.admin import AdminClient
+        """Workers whose heartbeat reached this replica lately (ADR-0019): no admin request
+        to Kafka's group coordinator (one in flight during a broker restart aborted the
+        process inside librdkafka)."""
+        if not self._subscribed:
+            raise RuntimeError("the workers are known from their heartbeats: subscribe_pushes first")
+        return self.beats.count()
 
-        with self._lock:
-            if self._admin is None:
-                self._admin = AdminClient({"bootstrap.servers": self.kafka.bootstrap})
-            return consumer_group_members(self.kafka.bootstrap, self.worker_group, admin=self._admin)
+    def worker_partitions(self) -> set[int]:
+        return self.beats.partitions()
 
     def close(self) -> None:
         with self._lock:
             if self._consumer is not None:
                 self._consumer.close()
                 self._consumer = None
-            self._admin = None
 
     def subscribe_pushes(self, callback: Callable[[Delivered], None]) -> Closeable:
         from streams.pushes import PushSubscriber, pushes_topic
 
-        sub = PushSubscriber(self.kafka.bootstrap, pushes_topic(self.kafka.topic), callback).start()
+        sub = PushSubscriber(
+            self.kafka.bootstrap, pushes_topic(self.kafka.topic), callback, on_beat=self.beats.seen
+        ).start()
+        self._subscribed = True
 
         class Subscription:
             def close(self) -> None:
@@ -511,5 +516,9 @@ def cassandra_aside_builds(views: CassandraViews) -> CassandraAsideBuilds:
 
 
 def worker_group_members(settings: Settings) -> int:
-    """Processes in the projection workers' consumer group of FANOUT_LOG's topic (0: none)."""
-    return KafkaEngines(kafka_settings(settings.log)).workers()
+    """Processes in the projection workers' consumer group of FANOUT_LOG's topic (0: none):
+    what `fanout rebuild` asks before it merges (a member may still write, heartbeat or not)."""
+    from streams.worker import WorkerSettings
+
+    kafka = kafka_settings(settings.log)
+    return consumer_group_members(kafka.bootstrap, WorkerSettings(kafka.bootstrap, kafka.topic).group)

@@ -45,7 +45,10 @@ class Engines(Protocol):
         """The last event-store position the relay committed to Kafka."""
 
     def workers(self) -> int:
-        """Worker processes in the projection consumer group (0: none alive)."""
+        """Worker processes alive: their heartbeats reach this replica (0: none)."""
+
+    def worker_partitions(self) -> set[int]:
+        """The event topic's partitions the live workers hold."""
 
     def subscribe_pushes(self, callback: Callable[[Delivered], None]) -> Closeable:
         """Receive every Delivered the workers publish after their commits."""
@@ -162,6 +165,10 @@ class DistributedRuntime:
             except Exception as exc:
                 out[name] = None
                 out.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:300]
+        if out.get("workers"):
+            # Held by no live worker: nothing projects them (a rebalance in progress, or too few workers).
+            held = self.engines.worker_partitions()
+            out["unassigned_partitions"] = [p for p in range(self.partitions) if p not in held]
         return out
 
     # -- Runtime ---------------------------------------------------------------------------

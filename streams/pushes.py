@@ -8,14 +8,26 @@ moment it starts (no consumer group, nothing committed: a replica only pushes to
 sockets it holds now, and a device that was offline reads its mailbox), and hands each
 `Delivered` to a callback (the replica's `PushHub.deliver`).
 
+The same topic carries each worker's heartbeat (`WorkerBeat`, once a second from the worker's
+event loop, with the partitions it holds): a replica counts the workers whose beats reach it
+(`WorkerBeats`) for /readyz and /metrics. An earlier design asked Kafka's group coordinator
+(AdminClient.describe_consumer_groups) every 2 s; an admin request in flight while the broker
+restarted aborted the whole replica inside librdkafka (`rd_kafka_enq_once_del_source_return`
+assertion, rdkafka_admin.c "coordinator request"; docs/adr/0019-worker-heartbeats.md).
+
 confluent-kafka, plain threads: nothing here needs an event loop."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import threading
+import time
+import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -27,6 +39,8 @@ from projections.delivery import Delivered
 log = logging.getLogger("fanout.pushes")
 
 FORMAT = 1  # the "v" field of a push record
+BEAT_INTERVAL = 1.0  # seconds between a worker's heartbeats
+BEAT_LOOKBACK = 64  # records per partition a subscriber reads back at start, for the latest beats
 
 
 def pushes_topic(event_topic: str) -> str:
@@ -52,12 +66,50 @@ def encode(d: Delivered) -> bytes:
     return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
 
 
-def decode(value: bytes) -> Delivered:
-    """The Delivered a push record holds; ValueError for anything else."""
+@dataclass(frozen=True)
+class WorkerBeat:
+    """A projection worker saying it is alive: which partitions of the event topic it holds
+    now, and when it will beat again at the latest. `leaving`: its last beat, on shutdown."""
+
+    worker: str  # host:pid:random, unique per process
+    partitions: tuple[int, ...]
+    at: float  # the worker's wall clock
+    interval: float = BEAT_INTERVAL
+    leaving: bool = False
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def encode_beat(b: WorkerBeat) -> bytes:
+    body = {
+        "v": FORMAT,
+        "kind": "beat",
+        "worker": b.worker,
+        "partitions": list(b.partitions),
+        "at": b.at,
+        "interval": b.interval,
+        "leaving": b.leaving,
+    }
+    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+
+
+def decode(value: bytes) -> Delivered | WorkerBeat:
+    """The Delivered or the WorkerBeat a record of the pushes topic holds; ValueError for
+    anything else."""
     try:
         body = json.loads(value)
         if body.get("v") != FORMAT:
             raise ValueError(f"push record format {body.get('v')!r}, expected {FORMAT}")
+        if body.get("kind") == "beat":
+            return WorkerBeat(
+                worker=str(body["worker"]),
+                partitions=tuple(int(p) for p in body["partitions"]),
+                at=float(body["at"]),
+                interval=float(body["interval"]),
+                leaving=bool(body["leaving"]),
+            )
         materialized = body["materialized"]
         return Delivered(
             tenant=str(body["tenant"]),
@@ -70,6 +122,42 @@ def decode(value: bytes) -> Delivered:
         )
     except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
         raise ValueError(f"not a push record: {exc}") from None
+
+
+class WorkerBeats:
+    """The workers whose heartbeats reached this replica lately. A worker counts as alive
+    until `misses` of its intervals pass without a beat (a kill -9 sends no last beat), or
+    until its leaving beat. Thread-safe: the subscriber's thread writes, any thread reads."""
+
+    def __init__(self, *, misses: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.misses = misses
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._last: dict[str, tuple[float, WorkerBeat]] = {}  # worker -> (received, beat)
+
+    def seen(self, beat: WorkerBeat, age: float = 0.0) -> None:
+        """A beat received now; `age`: seconds it had already waited in the topic (a beat
+        read back at start)."""
+        with self._lock:
+            if beat.leaving:
+                self._last.pop(beat.worker, None)
+            else:
+                self._last[beat.worker] = (self.clock() - max(0.0, age), beat)
+
+    def alive(self) -> list[WorkerBeat]:
+        now = self.clock()
+        with self._lock:
+            for w, (received, b) in list(self._last.items()):
+                if now - received > self.misses * b.interval:
+                    del self._last[w]
+            return [b for _, b in self._last.values()]
+
+    def count(self) -> int:
+        return len(self.alive())
+
+    def partitions(self) -> set[int]:
+        """The event topic's partitions some live worker holds."""
+        return {p for b in self.alive() for p in b.partitions}
 
 
 MAX_PUSH_BYTES = 32 * 1024 * 1024  # a 100k-member push with the member lists, with room to spare
@@ -161,6 +249,15 @@ class PushPublisher:
         self.published += n
         return n
 
+    def beat(self, b: WorkerBeat) -> None:
+        """Queue a heartbeat (sent within linger_ms; a full local queue drops it: the next
+        one follows within a second)."""
+        try:
+            self._producer.produce(self.topic, key=f"worker/{b.worker}".encode(), value=encode_beat(b))
+        except BufferError:
+            log.warning("a heartbeat was not queued: the producer's local queue is full")
+        self._producer.poll(0)
+
     def flush(self, timeout: float = 10.0) -> int:
         """Wait for every queued push; returns how many are still queued."""
         return int(self._producer.flush(timeout))
@@ -176,13 +273,25 @@ class PushSubscriber:
     """A consumer thread over every partition of the pushes topic, from its end at start()
     (explicit offsets: start() returns once they are fixed, so every push published after
     it returns is seen). No group, nothing committed. `callback(Delivered)` runs on the
-    thread; its exceptions are logged."""
+    thread; its exceptions are logged. With `on_beat`, the last BEAT_LOOKBACK records of each
+    partition are read back too, for their heartbeats only: a replica knows the live workers
+    at once, not a beat interval after it starts."""
 
-    def __init__(self, bootstrap: str, topic: str, callback: Callable[[Delivered], Any], *, poll: float = 0.2) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        callback: Callable[[Delivered], Any],
+        *,
+        on_beat: Callable[[WorkerBeat, float], Any] | None = None,
+        poll: float = 0.2,
+    ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.callback = callback
+        self.on_beat = on_beat  # (beat, seconds it waited in the topic before start)
         self.poll = poll
+        self._ends: dict[int, int] = {}  # partition -> its end offset at start
         self.received = 0
         self.bad = 0
         self._stop = threading.Event()
@@ -207,8 +316,10 @@ class PushSubscriber:
             meta = consumer.list_topics(self.topic, timeout=timeout).topics[self.topic]
             tps = []
             for p in sorted(meta.partitions):
-                _low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout)
-                tps.append(TopicPartition(self.topic, p, high))
+                low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout)
+                self._ends[p] = high
+                back = BEAT_LOOKBACK if self.on_beat is not None else 0
+                tps.append(TopicPartition(self.topic, p, max(low, high - back)))
             consumer.assign(tps)
         except BaseException:
             consumer.close()
@@ -237,6 +348,14 @@ class PushSubscriber:
                     self.bad += 1
                     log.warning("push subscriber: skipped a record: %s", exc)
                     continue
+                before_start = (msg.offset() or 0) < self._ends.get(msg.partition() or 0, 0)
+                if isinstance(d, WorkerBeat):
+                    if self.on_beat is not None:
+                        age = max(0.0, time.time() - d.at) if before_start else 0.0
+                        self.on_beat(d, age)
+                    continue
+                if before_start:
+                    continue  # read back for the beats only: pushed before this replica's sockets
                 self.received += 1
                 try:
                     self.callback(d)

@@ -27,7 +27,11 @@ ViewStore, reading the event topic the relay writes (`streams/records.py`).
   run transactional producers we do not need), so the app's consumer thread sets it on the
   aiokafka consumer it creates (`ReadCommittedConsumerThread`).
 * **Effects after the commit**: `on_effects(effects)` (the caller publishes the pushes,
-  `streams/pushes.py`, and opens reviews); its exceptions are logged, never fatal."""
+  `streams/pushes.py`, and opens reviews); its exceptions are logged, never fatal.
+* **Heartbeats**: `beat(WorkerBeat)` once a second from a Faust timer, i.e. from the event
+  loop (a stuck loop stops beating), with the partitions held; a last one, `leaving`, when
+  the worker stops. The caller publishes them on the pushes topic, where the API replicas
+  count the live workers (ADR-0019)."""
 
 from __future__ import annotations
 
@@ -51,7 +55,7 @@ from domain.review import topics_of
 from projections.failures import Throttled, storage_failure
 from projections.hosting import Effect, Projection, build_projections, topics
 from projections.ports import ViewStore
-from streams.pushes import ensure_topic
+from streams.pushes import BEAT_INTERVAL, WorkerBeat, ensure_topic, worker_id
 from streams.records import BadRecord, EventRecord, Watermark, decode
 
 log = logging.getLogger("fanout.worker")
@@ -352,8 +356,11 @@ class ProjectionWorker:
         params: Parameters,
         to_domain_event: Callable[[EventRecord], Any],
         on_effects: Callable[[Sequence[Effect]], None] | None = None,
+        beat: Callable[[WorkerBeat], None] | None = None,
     ) -> None:
         self.settings = s = settings
+        self.worker_id = worker_id()
+        self._beat = beat
         self.host = PartitionHost(
             views, params, to_domain_event, on_effects, max_entries_per_commit=s.max_entries_per_commit
         )
@@ -383,6 +390,20 @@ class ProjectionWorker:
         app.agent(self.topic, name="fanout-projections", concurrency=1)(self._agent)
         app.on_partitions_revoked.connect(cast(Any, self._revoked))
         app.on_partitions_assigned.connect(cast(Any, self._assigned))
+        if beat is not None:
+            app.timer(BEAT_INTERVAL, on_leader=False)(self._heartbeat)
+
+    def heartbeat(self, *, leaving: bool = False) -> WorkerBeat:
+        b = WorkerBeat(self.worker_id, tuple(sorted(self.assigned)), time.time(), BEAT_INTERVAL, leaving)
+        if self._beat is not None:
+            try:
+                self._beat(b)
+            except Exception:
+                log.exception("could not send a heartbeat")
+        return b
+
+    async def _heartbeat(self) -> None:
+        self.heartbeat()
 
     async def _agent(self, stream: Any) -> None:
         async for events in stream.take_events(self.settings.batch, within=self.settings.within):
@@ -410,4 +431,5 @@ class ProjectionWorker:
         try:
             worker.execute_from_commandline()
         finally:
+            self.heartbeat(leaving=True)
             self.applier.close()

@@ -77,10 +77,11 @@ class Cluster:
         return rt
 
     def wait_workers(self, count: int = 1, timeout: float = 60.0) -> None:
-        """Until `count` workers are in the consumer group (their partitions assigned)."""
+        """Until `count` workers beat (ADR-0019) and every partition of the topic is held."""
         rt = self.runtimes[0] if self.runtimes else self.replica()
         deadline = time.monotonic() + timeout
-        while rt.engines.workers() < count:
+        every = set(range(rt.partitions))
+        while rt.engines.workers() < count or not every <= rt.engines.worker_partitions():
             dead = [n for n, p in self.procs.items() if p.poll() is not None]
             assert not dead, f"{dead} exited: {self.log_of(dead[0])}"
             assert time.monotonic() < deadline, f"{count} workers not up in {timeout} s: {self.log_of('worker')}"

@@ -16,7 +16,19 @@ from adapters.memory import MemoryViews
 from fanout.urls import kafka_settings
 from projections.delivery import Delivered
 from projections.sharding import shard_of
-from streams.pushes import PushPublisher, PushSubscriber, decode, encode, ensure_topic, partition_count, pushes_topic
+from streams.pushes import (
+    BEAT_LOOKBACK,
+    PushPublisher,
+    PushSubscriber,
+    WorkerBeat,
+    WorkerBeats,
+    decode,
+    encode,
+    encode_beat,
+    ensure_topic,
+    partition_count,
+    pushes_topic,
+)
 from streams.records import EventRecord
 from streams.worker import PartitionHost
 from tests.distributed.test_worker import PARAMS, LogBuilder, partitioned, write_log
@@ -60,13 +72,42 @@ def test_a_push_record_round_trips_a_delivered_exactly() -> None:
         delivered(3, materialized=frozenset()),
     ):
         back = decode(encode(d))
+        assert isinstance(back, Delivered)
         assert back == d
         assert back.was_member("bob") and not back.was_member("dave")
         assert type(back.materialized) is type(d.materialized)
         assert all(isinstance(k, int) for k in back.members_by_shard)
 
 
-@pytest.mark.parametrize("value", [b"", b"{}", b"[1]", b'{"v": 99}', b"\xff", b'{"v": 1, "tenant": "a"}'])
+def test_a_heartbeat_round_trips_and_is_not_a_push() -> None:
+    b = WorkerBeat("host:12:ab", (0, 3), 1_700_000_000.5, 1.0, False)
+    assert decode(encode_beat(b)) == b
+    assert decode(encode_beat(WorkerBeat("w", (), 1.0, 2.0, True))) == WorkerBeat("w", (), 1.0, 2.0, True)
+
+
+def test_a_worker_is_alive_until_it_misses_its_beats_or_leaves() -> None:
+    now = [100.0]
+    beats = WorkerBeats(misses=5.0, clock=lambda: now[0])
+    beats.seen(WorkerBeat("a", (0, 1), 0.0, 1.0))
+    beats.seen(WorkerBeat("b", (2,), 0.0, 1.0))
+    beats.seen(WorkerBeat("old", (3,), 0.0, 1.0), age=4.5)  # read back at start: beat 4.5 s ago
+    assert beats.count() == 3 and beats.partitions() == {0, 1, 2, 3}
+    now[0] += 1.0  # "old" has now missed 5 beats (killed: no last beat)
+    assert beats.count() == 2 and beats.partitions() == {0, 1, 2}
+    beats.seen(WorkerBeat("b", (), 0.0, 1.0, leaving=True))  # stopped: gone at once
+    assert [b.worker for b in beats.alive()] == ["a"]
+    now[0] += 3.9  # "a": 4.9 s since its beat
+    assert beats.count() == 1
+    now[0] += 0.2
+    assert beats.count() == 0 and beats.partitions() == set()
+    beats.seen(WorkerBeat("a", (0,), 0.0, 1.0))  # back (a paused worker resumed)
+    assert beats.count() == 1
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"", b"{}", b"[1]", b'{"v": 99}', b"\xff", b'{"v": 1, "tenant": "a"}', b'{"v": 1, "kind": "beat", "worker": "w"}'],
+)
 def test_anything_else_is_not_a_push_record(value: bytes) -> None:
     with pytest.raises(ValueError):
         decode(value)
@@ -120,6 +161,61 @@ def test_every_push_published_after_a_subscriber_started_reaches_it_in_order(pus
     finally:
         for s in subscribers:
             s.stop()
+        publisher.close()
+
+
+def test_a_replica_knows_the_live_workers_at_start_and_pushes_nothing_sent_before(pushes: tuple[str, str]) -> None:
+    """The subscriber reads the last records of each partition back for their heartbeats
+    only: a push published before it started reaches no callback."""
+    bootstrap, topic = pushes
+    publisher = PushPublisher(bootstrap, topic, partitions=4)
+    try:
+        publisher.publish([delivered(1, cid="before")])
+        publisher.beat(WorkerBeat("w1", (0, 1), time.time(), 1.0))
+        publisher.beat(WorkerBeat("w2", (2, 3), time.time() - 60, 1.0))  # a worker long gone
+        publisher.beat(WorkerBeat("w3", (2, 3), time.time(), 1.0))
+        publisher.beat(WorkerBeat("w3", (), time.time(), 1.0, leaving=True))  # and one stopped since
+        assert publisher.flush() == 0
+        got: list[Delivered] = []
+        beats = WorkerBeats()
+        sub = PushSubscriber(bootstrap, topic, got.append, on_beat=beats.seen).start()
+        try:
+            deadline = time.monotonic() + 10
+            while beats.count() < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)
+            assert [b.worker for b in beats.alive()] == ["w1"] and beats.partitions() == {0, 1}
+            publisher.publish([delivered(2, cid="after")])
+            publisher.beat(WorkerBeat("w2", (2, 3), time.time(), 1.0))  # back
+            assert publisher.flush() == 0
+            while (not got or beats.count() < 2) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert [d.conversation_id for d in got] == ["after"]
+            assert beats.partitions() == {0, 1, 2, 3}
+        finally:
+            sub.stop()
+    finally:
+        publisher.close()
+
+
+def test_a_subscriber_reads_back_only_the_last_records_of_a_partition(pushes: tuple[str, str]) -> None:
+    bootstrap, topic = pushes
+    publisher = PushPublisher(bootstrap, topic, partitions=4)
+    try:
+        old = WorkerBeat("w-old", (0,), time.time(), 1.0)
+        publisher.beat(old)
+        # The same key: the same partition; BEAT_LOOKBACK newer records push the old beat out of reach.
+        for i in range(BEAT_LOOKBACK):
+            publisher.beat(WorkerBeat("w-old", (0,), time.time(), 1.0, leaving=i == BEAT_LOOKBACK - 1))
+        assert publisher.flush() == 0
+        beats = WorkerBeats()
+        sub = PushSubscriber(bootstrap, topic, lambda d: None, on_beat=beats.seen).start()
+        try:
+            time.sleep(1.0)
+            assert beats.count() == 0  # its last beat said it left
+        finally:
+            sub.stop()
+    finally:
         publisher.close()
 
 

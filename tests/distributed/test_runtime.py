@@ -56,3 +56,32 @@ def test_a_second_replica_reads_what_the_first_wrote(cluster: Cluster) -> None:
     health = second.check()
     assert health["workers"] >= 1 and not health.get("errors"), health
     assert health["relay_position"] >= r["position"]
+
+
+def test_the_replicas_count_the_workers_by_their_heartbeats(cluster: Cluster) -> None:
+    """A worker is alive while its heartbeats reach the replica (ADR-0019): a new replica
+    knows it at once; a stopped worker leaves at once; a killed one (no last beat) within
+    a few beat intervals; and /readyz's check lists the partitions nobody holds."""
+    import signal
+    import time
+
+    first = cluster.runtimes[0]
+    health = first.check()
+    assert health["workers"] == 1 and health["unassigned_partitions"] == [], health
+    late = cluster.replica()  # started after the worker's beats: reads the last ones back
+    assert late.engines.workers() == 1
+
+    cluster.start("worker-2")
+    cluster.wait_workers(2)
+    cluster.kill("worker-2", signal.SIGTERM)  # stopped: its last beat says so
+    t0 = time.monotonic()
+    while first.engines.workers() > 1:
+        assert time.monotonic() - t0 < 3.0, "a stopped worker still counted"
+        time.sleep(0.05)
+
+    cluster.kill("worker")  # kill -9: no last beat
+    t0 = time.monotonic()
+    while first.engines.workers() > 0:
+        assert time.monotonic() - t0 < 10.0, "a killed worker still counted"
+        time.sleep(0.1)
+    assert first.check()["workers"] == 0 and "unassigned_partitions" not in first.check()
