@@ -46,7 +46,7 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
-# The crash tests that restart Kafka and Cassandra (not in `make test`: see pyproject addopts).
+# The crash tests that restart Kafka and Cassandra, alone (they are in `make test` too).
 test-engine-restarts: $(STAMP)
 	$(BIN)/python -m pytest -m engine_restart tests/distributed/test_crash.py
 
