@@ -24,7 +24,8 @@ from fanout.application import FanoutApplication
 from fanout.overload import Backpressure
 from fanout.push import PushHub
 from fanout.queries import Queries
-from projections.capacity import CapacityProjection, merged, state_name
+from projections.capacity import CapacityProjection
+from projections.capacity_monitor import platform_window
 from projections.delivery import Delivered, DeliveryProjection
 from projections.ports import ViewStore
 
@@ -210,8 +211,7 @@ class DistributedRuntime:
         return self.views.positions()
 
     def capacity(self) -> CapacityProjection:
-        states = [self.views.capacity_state(state_name(p)) for p in range(self.partitions)]
-        return merged(self.params, [s for s in states if s])
+        return platform_window(self.params, self.views, self.partitions)
 
     def start(self) -> Self:
         if self.running:

@@ -82,11 +82,15 @@ class CapacityProjection:
         state: dict[str, Any] | None = None,
         *,
         partition: int = 0,
+        triggers: bool = True,
     ) -> None:
         """Hosted: give the store (the state is loaded from it). Read-only (analyze): the state.
         A host of several log partitions runs one per partition: each saves its window under
-        its own name (`state_name`), and readers merge them (`merged`)."""
+        its own name (`state_name`), and readers merge them (`merged`). `triggers=False`: the
+        window only counts; T1/T2 are evaluated over the merged windows
+        (`projections.capacity_monitor`, ADR-0020)."""
         self.store = store
+        self.triggers = triggers
         self.state_name = state_name(partition)
         self.params = params
         self.tenants: dict[Any, str] = {}  # conversation aggregate id -> tenant
@@ -179,10 +183,10 @@ class CapacityProjection:
                     self.per_scope[k] = left
                 else:
                     del self.per_scope[k]
-        if at - self.first_at < w:
-            return []  # not yet a whole window: nothing is "sustained"
+        if not self.triggers:
+            return []
         out = []
-        for trigger, value, limit, (tenant_, bucket_) in self._checks():
+        for trigger, value, limit, (tenant_, bucket_) in self.crossings():
             over = value > limit
             if over and not self.firing.get(trigger):
                 out.append(
@@ -209,7 +213,11 @@ class CapacityProjection:
         p = self.params
         return {"T1": p.t1_ratio * p.platform_fanout_budget, "T2": p.t2_ratio * p.mailbox_write_budget}
 
-    def _checks(self) -> list[tuple[str, float, float, tuple[str, str]]]:
+    def crossings(self) -> list[tuple[str, float, float, tuple[str, str]]]:
+        """(trigger, rate, limit, the dominant (tenant, bucket)) for T1 and T2 at the window's
+        end; none before a whole window has been seen (nothing is "sustained" yet)."""
+        if self.first_at is None or self.last_at is None or self.last_at - self.first_at < self.params.capacity_window:
+            return []
         r, limit = self.rates(), self.limits()
         return [
             ("T1", r["fanout_entries_per_sec"], limit["T1"], self._dominant(None)),

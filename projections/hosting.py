@@ -48,13 +48,16 @@ class Projection(Protocol):
 PROJECTIONS: tuple[str, ...] = (DeliveryProjection.name, CapacityProjection.name, AdminProjection.name)
 
 
-def build_projections(store: ViewStore, params: Parameters, *, partition: int = 0) -> tuple[Projection, ...]:
+def build_projections(
+    store: ViewStore, params: Parameters, *, partition: int = 0, triggers: bool = True
+) -> tuple[Projection, ...]:
     """The projections every host runs, in this order, with their working sets empty
     (they load what they need from the committed views). A host of several log partitions
-    builds one set per partition (the capacity window is saved per partition)."""
+    builds one set per partition (the capacity window is saved per partition) with
+    `triggers=False`: T1/T2 are then evaluated over the merged windows (CapacityMonitor)."""
     return (
         DeliveryProjection(store, params),
-        CapacityProjection(params, store, partition=partition),
+        CapacityProjection(params, store, partition=partition, triggers=triggers),
         AdminProjection(store),
     )
 

@@ -310,17 +310,20 @@ class PushSubscriber:
                 "isolation.level": "read_committed",
                 "fetch.max.bytes": MAX_PUSH_BYTES * 2,
                 "max.partition.fetch.bytes": MAX_PUSH_BYTES,
+                "enable.partition.eof": True,
             }
         )
         try:
             meta = consumer.list_topics(self.topic, timeout=timeout).topics[self.topic]
             tps = []
+            starts: dict[int, int] = {}
             for p in sorted(meta.partitions):
                 low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout)
                 self._ends[p] = high
-                back = BEAT_LOOKBACK if self.on_beat is not None else 0
-                tps.append(TopicPartition(self.topic, p, max(low, high - back)))
+                starts[p] = max(low, high - (BEAT_LOOKBACK if self.on_beat is not None else 0))
+                tps.append(TopicPartition(self.topic, p, starts[p]))
             consumer.assign(tps)
+            self._read_back(consumer, starts, min(timeout, 10.0))
         except BaseException:
             consumer.close()
             raise
@@ -335,34 +338,54 @@ class PushSubscriber:
         try:
             while not self._stop.is_set():
                 msg = consumer.poll(self.poll)
-                if msg is None:
-                    continue
-                err = msg.error()
-                if err is not None:
-                    if err.code() != KafkaError._PARTITION_EOF:
-                        log.warning("push subscriber: %s", err)
-                    continue
-                try:
-                    d = decode(msg.value() or b"")
-                except ValueError as exc:
-                    self.bad += 1
-                    log.warning("push subscriber: skipped a record: %s", exc)
-                    continue
-                before_start = (msg.offset() or 0) < self._ends.get(msg.partition() or 0, 0)
-                if isinstance(d, WorkerBeat):
-                    if self.on_beat is not None:
-                        age = max(0.0, time.time() - d.at) if before_start else 0.0
-                        self.on_beat(d, age)
-                    continue
-                if before_start:
-                    continue  # read back for the beats only: pushed before this replica's sockets
-                self.received += 1
-                try:
-                    self.callback(d)
-                except Exception:
-                    log.exception("push subscriber: the callback failed")
+                if msg is not None:
+                    self._handle(msg)
         finally:
             consumer.close()
+
+    def _read_back(self, consumer: Consumer, starts: dict[int, int], timeout: float) -> None:
+        """Before start() returns: the records read back for their heartbeats, up to where
+        each partition ended at start (so `on_beat` has seen the live workers)."""
+        pending = {p for p, end in self._ends.items() if end > starts[p]}
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            msg = consumer.poll(0.1)
+            if msg is None:
+                continue
+            p = msg.partition() or 0
+            err = msg.error()
+            if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                pending.discard(p)
+                continue
+            self._handle(msg)
+            if (msg.offset() or 0) >= self._ends.get(p, 0) - 1:
+                pending.discard(p)
+
+    def _handle(self, msg: Any) -> None:
+        err = msg.error()
+        if err is not None:
+            if err.code() != KafkaError._PARTITION_EOF:
+                log.warning("push subscriber: %s", err)
+            return
+        before_start = (msg.offset() or 0) < self._ends.get(msg.partition() or 0, 0)
+        try:
+            d = decode(msg.value() or b"")
+        except ValueError as exc:
+            if not before_start:
+                self.bad += 1
+                log.warning("push subscriber: skipped a record: %s", exc)
+            return
+        if isinstance(d, WorkerBeat):
+            if self.on_beat is not None:
+                self.on_beat(d, max(0.0, time.time() - d.at) if before_start else 0.0)
+            return
+        if before_start:
+            return  # read back for the beats only: pushed before this replica held sockets
+        self.received += 1
+        try:
+            self.callback(d)
+        except Exception:
+            log.exception("push subscriber: the callback failed")
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()

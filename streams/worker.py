@@ -28,6 +28,9 @@ ViewStore, reading the event topic the relay writes (`streams/records.py`).
   aiokafka consumer it creates (`ReadCommittedConsumerThread`).
 * **Effects after the commit**: `on_effects(effects)` (the caller publishes the pushes,
   `streams/pushes.py`, and opens reviews); its exceptions are logged, never fatal.
+* **T1/T2 over the platform**: each partition's capacity window only counts; the worker
+  holding partition 0 evaluates T1/T2 once a second over every partition's committed window
+  (`projections.capacity_monitor`, ADR-0020) and opens the reviews through `on_effects`.
 * **Heartbeats**: `beat(WorkerBeat)` once a second from a Faust timer, i.e. from the event
   loop (a stuck loop stops beating), with the partitions held; a last one, `leaving`, when
   the worker stops. The caller publishes them on the pushes topic, where the API replicas
@@ -52,16 +55,19 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from domain.conversation import Conversation
 from domain.params import Parameters
 from domain.review import topics_of
+from projections.capacity import ReviewTrigger
+from projections.capacity_monitor import CapacityMonitor
 from projections.failures import Throttled, storage_failure
 from projections.hosting import Effect, Projection, build_projections, topics
 from projections.ports import ViewStore
-from streams.pushes import BEAT_INTERVAL, WorkerBeat, ensure_topic, worker_id
+from streams.pushes import BEAT_INTERVAL, WorkerBeat, ensure_topic, partition_count, worker_id
 from streams.records import BadRecord, EventRecord, Watermark, decode
 
 log = logging.getLogger("fanout.worker")
 
 Record = EventRecord | Watermark
 RETRY_AFTER_FAILURE = 0.5  # seconds between attempts at a failing unit of work
+CAPACITY_INTERVAL = 1.0  # seconds between evaluations of T1/T2 over the merged windows
 
 
 # -- the units of work (no Faust here: synchronous, run on the executor's thread) ----------------
@@ -110,9 +116,13 @@ class PartitionHost:
         on_effects: Callable[[Sequence[Effect]], None] | None = None,
         *,
         max_entries_per_commit: int = 200_000,
+        triggers: bool = True,
     ) -> None:
+        """`triggers=False`: each partition's capacity window only counts; T1/T2 are
+        evaluated over the merged windows by `evaluate_capacity` (ADR-0020)."""
         self.views = views
         self.params = params
+        self.triggers = triggers
         self.to_domain_event = to_domain_event
         self.on_effects = on_effects
         self.max_entries_per_commit = max_entries_per_commit
@@ -127,7 +137,9 @@ class PartitionHost:
     def projections(self, partition: int) -> tuple[Projection, ...]:
         ps = self._sets.get(partition)
         if ps is None:
-            ps = self._sets[partition] = build_projections(self.views, self.params, partition=partition)
+            ps = self._sets[partition] = build_projections(
+                self.views, self.params, partition=partition, triggers=self.triggers
+            )
             self._routes[partition] = {t: tuple(p for p in ps if t in p.topics) for t in topics(ps)}
             if self._topics is None:
                 self._topics = frozenset(topics_of(*topics(ps)))
@@ -232,6 +244,18 @@ class PartitionHost:
         return count
 
 
+    def evaluate_capacity(self, monitor: CapacityMonitor) -> list[ReviewTrigger]:
+        """T1/T2 over every partition's committed window; the triggers go to on_effects
+        (which opens their reviews) like a unit of work's effects."""
+        triggers = monitor.evaluate()
+        if triggers and self.on_effects is not None:
+            try:
+                self.on_effects(triggers)
+            except Exception:
+                log.exception("acting on the capacity triggers failed")
+        return triggers
+
+
 # -- records from Kafka -------------------------------------------------------------------
 
 
@@ -287,6 +311,14 @@ class Applier:
 
     async def forget(self, partitions: Iterable[int]) -> None:
         await asyncio.get_running_loop().run_in_executor(self.executor, self.host.forget, list(partitions))
+
+    async def evaluate_capacity(self, monitor: CapacityMonitor) -> None:
+        """On the executor, between units of work; a failure is logged (throttled) and the
+        next evaluation tries again."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(self.executor, self.host.evaluate_capacity, monitor)
+        except Exception as exc:
+            self._throttled("capacity", logging.ERROR, "evaluating T1/T2 failed: %s: %s", type(exc).__name__, exc)
 
     def close(self) -> None:
         self.executor.shutdown(wait=True)
@@ -362,10 +394,12 @@ class ProjectionWorker:
         self.worker_id = worker_id()
         self._beat = beat
         self.host = PartitionHost(
-            views, params, to_domain_event, on_effects, max_entries_per_commit=s.max_entries_per_commit
+            views, params, to_domain_event, on_effects, max_entries_per_commit=s.max_entries_per_commit, triggers=False
         )
         self.applier = Applier(self.host)
         ensure_topic(s.bootstrap, s.topic, s.partitions, s.replication)
+        # T1/T2 over the platform: evaluated by the worker holding partition 0 (ADR-0020).
+        self.monitor = CapacityMonitor(params, views, partition_count(s.bootstrap, s.topic))
         datadir = s.datadir or Path(tempfile.mkdtemp(prefix="fanout-worker-"))
         self.app = app = WorkerApp(
             s.group,
@@ -392,6 +426,11 @@ class ProjectionWorker:
         app.on_partitions_assigned.connect(cast(Any, self._assigned))
         if beat is not None:
             app.timer(BEAT_INTERVAL, on_leader=False)(self._heartbeat)
+        app.timer(CAPACITY_INTERVAL, on_leader=False)(self._evaluate_capacity)
+
+    async def _evaluate_capacity(self) -> None:
+        if 0 in self.assigned:
+            await self.applier.evaluate_capacity(self.monitor)
 
     def heartbeat(self, *, leaving: bool = False) -> WorkerBeat:
         b = WorkerBeat(self.worker_id, tuple(sorted(self.assigned)), time.time(), BEAT_INTERVAL, leaving)

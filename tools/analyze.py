@@ -20,7 +20,7 @@ from domain.tier import Tier
 from fanout.bootstrap import open_views_only
 from fanout.config import Settings, is_distributed
 from fanout.queries import Queries
-from projections.capacity import CapacityProjection, merged, state_name
+from projections.capacity import CapacityProjection
 from projections.ports import ViewStore
 
 
@@ -371,14 +371,15 @@ def plot_alpha(report: dict[str, Any], path: Path, params: Parameters | None = N
 
 def capacity_report(data_dir: Path, params: Parameters, settings: Settings | None = None) -> dict[str, Any]:
     """The capacity window: the one state of the embedded runtime, or on the distributed
-    one the states of every log partition (`capacity`, `capacity.p<N>`) merged."""
+    one the states of every log partition (`capacity`, `capacity.p<N>`) merged, with the
+    firing flags of the monitor that evaluates them (ADR-0020)."""
     views = open_views(data_dir, settings)
     try:
         if settings is not None and is_distributed(settings):
             from fanout.bootstrap import log_partitions
+            from projections.capacity_monitor import platform_window
 
-            states = [views.capacity_state(state_name(p)) for p in range(log_partitions(settings))]
-            cap = merged(params, [st for st in states if st])
+            cap = platform_window(params, views, log_partitions(settings))
         else:
             cap = CapacityProjection(params, state=views.capacity_state(CapacityProjection.name))
     finally:

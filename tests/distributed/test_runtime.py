@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,3 +86,65 @@ def test_the_replicas_count_the_workers_by_their_heartbeats(cluster: Cluster) ->
         assert time.monotonic() - t0 < 10.0, "a killed worker still counted"
         time.sleep(0.1)
     assert first.check()["workers"] == 0 and "unassigned_partitions" not in first.check()
+
+
+def test_t1_fires_on_the_platform_rate_summed_over_the_partitions(
+    fresh_postgres: str, fresh_kafka: str, fresh_cassandra: str, tmp_path: Path
+) -> None:
+    """Twelve groups spread over the topic's 4 partitions, each over its share of nothing:
+    every partition's own rate stays under T1, their sum is over it. One T1 review opens
+    (ADR-0020), evaluated over the merged windows by the worker holding partition 0."""
+    import time
+
+    from projections.capacity import CapacityProjection, state_name
+
+    window, budget = 3.0, 40.0  # T1 = 0.7 x 40 = 28 entries/s over 3 s
+    c = cluster_for(
+        {"FANOUT_EVENT_STORE": fresh_postgres, "FANOUT_LOG": fresh_kafka, "FANOUT_VIEWS": fresh_cassandra},
+        tmp_path / "logs",
+        FANOUT_PER_SENDER_IN_CONVERSATION_RATE="1000/s",
+        FANOUT_CAPACITY_WINDOW=f"{window}s",
+        FANOUT_PLATFORM_FANOUT_BUDGET=str(budget),
+    )
+    try:
+        rt = c.replica()
+        c.start("relay")
+        c.start("worker")
+        c.wait_workers(1)
+        groups = [f"g{i}" for i in range(12)]
+        for g in groups:
+            rt.app.create_conversation(T, g, g, ["a", "b", "c"])
+        started = time.monotonic()
+        n = 0
+        while time.monotonic() - started < window + 2.5:  # one message per group a second: 36 entries/s
+            tick = time.monotonic()
+            for g in groups:
+                rt.app.send_message(T, g, sender="abc"[n % 3], text="x")
+            n += 1
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
+        c.settle(rt, timeout=60)
+        deadline = time.monotonic() + 30
+        while not (reviews := [r for r in rt.queries.reviews(T) if r["trigger"] == "T1"]):
+            assert time.monotonic() < deadline, f"no T1 review: {c.log_of('worker')}"
+            time.sleep(0.2)
+        time.sleep(2.0)  # later evaluations of the same episode open nothing more
+        reviews = [r for r in rt.queries.reviews(T) if r["trigger"] == "T1"]
+        assert len(reviews) == 1, reviews
+        limit = 0.7 * budget
+        params = load_params(c)
+        shares = [
+            CapacityProjection(params, state=rt.views.capacity_state(state_name(p)) or {}).rates()[
+                "fanout_entries_per_sec"
+            ]
+            for p in range(rt.partitions)
+        ]
+        assert max(shares) < limit < sum(shares), (shares, limit)  # no partition alone was over
+        assert rt.capacity().firing.get("T1") is True
+    finally:
+        c.close()
+
+
+def load_params(c: Cluster) -> Any:
+    from fanout.config import load_settings
+
+    return load_settings({**c.urls, **c.settings_env}).params
