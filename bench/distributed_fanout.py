@@ -1,151 +1,250 @@
-"""Fan-out through the distributed runtime on the real engines, end to end:
-send accepted by an API replica (PostgreSQL) -> `fanout relay` (Kafka transaction) ->
-`fanout worker` (Faust, Cassandra views and mailbox) -> materialized_at.
+"""Fan-out through the distributed runtime on the real engines, end to end (issue 7 items 1, 2
+and 5): send accepted by an API replica (PostgreSQL) -> `fanout relay` (Kafka transaction) ->
+`fanout worker` (Faust, Cassandra views and mailbox) -> the delivery record's materialized_at.
 
-    .venv/bin/python bench/distributed_fanout.py                       # 100k members, 5 messages
-    .venv/bin/python bench/distributed_fanout.py --members 20000 --workers 2
+    .venv/bin/python bench/distributed_fanout.py --http --preload 10000000      # issue 7's run
+    .venv/bin/python bench/distributed_fanout.py --http --workers 2 --preload 10000000
+    .venv/bin/python bench/distributed_fanout.py --http --members 2000 --messages 3 --preload 20000   # smoke
 
 Uses the engines in $FANOUT_ENGINES_DIR/engines.env (`make engines-up`) with a fresh database,
-topic and keyspace of its own (dropped at the end). Messages are sent one at a time: for each,
-the time from the send being accepted to the views' low watermark holding it, and to its
-delivery record's materialized_at; then mailbox entries/s over all of them. The same run also
-writes one message's references the naive way (one INSERT per member, on --naive-members
-members, extrapolated: said so in the output). Prints numbers; asserts nothing.
+topic and keyspace of its own, dropped at the end (--keep keeps them and prints the name;
+--reuse NAME runs again on a kept one: the group is not created again, --preload writes that
+many more). The admission gates and the backpressure limits are opened wide.
+
+1. --preload N: N mailbox entries for other users (pre0000000...) of other conversations are
+   written into the keyspace's mailbox table first, with the project's grouped writer
+   (adapters/cassandra_mailbox.py: UNLOGGED batches of 100 rows, 200 in flight), one
+   --preload-users-member message after another, printing progress and the rate.
+2. The relay, --workers workers and (with --http) `fanout serve` start as subprocesses; the
+   --members group is built through this process's own replica (bulk member adds).
+3. Burst: --messages sends one after another (over HTTP to `fanout serve` with --http, else
+   through this process's replica), then entries/s = mailbox entries of the delivery records /
+   (latest materialized_at - the time the first send was issued).
+4. Latency: --latency-messages more, one at a time: accepted (the 201 received) ->
+   materialized_at of that message, and -> this process seeing the views hold it.
+5. The naive writer in the same run on the same Cassandra: for every member one prepared
+   INSERT into the mailbox table plus one counter UPDATE (unread + 1) in a counter table,
+   all through cassandra.concurrent.execute_concurrent (200 in flight), --naive-members
+   members (default: the whole group, nothing extrapolated), and the ratio.
+6. Peak memory of every process: relay, each worker, `fanout serve`, this process, the Kafka
+   and Cassandra JVMs, PostgreSQL's processes (VmRSS sampled every 0.5 s, and VmHWM).
+
+Prints numbers; asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import uuid
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from distributed_common import (  # noqa: E402
+    OPEN_GATES,
+    TENANT,
+    Fleet,
+    Http,
+    MemoryWatch,
+    Namespace,
+    exit_on_sigterm,
+    wait_workers,
+    watch_fleet,
+)
+
+from adapters.cassandra_mailbox import IN_FLIGHT, CassandraMailbox, open_cluster  # noqa: E402
 from fanout.bootstrap import bootstrap_distributed  # noqa: E402
 from fanout.config import load_settings  # noqa: E402
-from fanout.urls import cassandra_settings  # noqa: E402
+from fanout.urls import CassandraSettings, cassandra_settings  # noqa: E402
+from projections.ports import MessageRefs  # noqa: E402
+from projections.sharding import shard_of  # noqa: E402
+
+GROUP = "big"
+SHARDS = 16  # Parameters().mailbox_shards
 
 
-def env_file() -> dict[str, str]:
-    path = Path(os.environ.get("FANOUT_ENGINES_DIR", "/tmp/fanout-engines")) / "engines.env"
-    out = {}
-    for line in path.read_text().splitlines():
-        if line and not line.startswith("#") and "=" in line:
-            k, v = line.split("=", 1)
-            out[k] = v
-    return out
+def grouped(users: list[str]) -> dict[int, list[str]]:
+    by: dict[int, list[str]] = {}
+    for u in users:
+        by.setdefault(shard_of(u, SHARDS), []).append(u)
+    return {s: sorted(b) for s, b in sorted(by.items())}
 
 
-def with_path(url: str, path: str, query: str | None = None) -> str:
-    u = urlsplit(url)
-    return urlunsplit((u.scheme, u.netloc, "/" + path, u.query if query is None else query, ""))
+def preload(c: CassandraSettings, n: int, per_message: int) -> None:
+    """n entries through CassandraMailbox.write, per_message members per message."""
+    store = CassandraMailbox.from_settings(c)
+    try:
+        users = [f"pre{i:07d}" for i in range(min(n, per_message))]
+        full = grouped(users)
+        written, k, last = 0, 0, 0.0
+        t0 = time.monotonic()
+        while written < n:
+            take = min(len(users), n - written)
+            shards = full if take == len(users) else grouped(users[:take])
+            k += 1
+            written += store.write(TENANT, MessageRefs(f"pre{k}", k, 1, 0, {}, shards))
+            now = time.monotonic()
+            if now - last >= 10 or written >= n:
+                last = now
+                print(f"  preload: {written:,} / {n:,} entries in {now - t0:.0f} s = "
+                      f"{written / (now - t0):,.0f} entries/s", flush=True)  # fmt: skip
+    finally:
+        store.close()
+
+
+def naive_writer(c: CassandraSettings, members: list[str], messages: int) -> tuple[int, float]:
+    """One INSERT + one counter UPDATE per member, execute_concurrent; (entries, seconds)."""
+    from cassandra.concurrent import execute_concurrent
+
+    cluster, session = open_cluster(c.hosts, c.port, c.datacenter, c.consistency)
+    try:
+        ks = c.keyspace
+        session.execute(
+            f"CREATE TABLE IF NOT EXISTS {ks}.naive_unread (tenant text, user_id text, conversation_id text, "
+            "unread counter, PRIMARY KEY ((tenant, user_id), conversation_id))",
+            timeout=120,
+        )
+        with warnings.catch_warnings():  # as adapters/cassandra_mailbox.py create_keyspace does
+            warnings.simplefilter("ignore", DeprecationWarning)
+            session.cluster.control_connection.wait_for_schema_agreement(wait_time=60)
+        insert = session.prepare(
+            f"INSERT INTO {ks}.mailbox (tenant, user_id, pos, conversation_seq, conversation_id, flags) "
+            "VALUES (?, ?, ?, ?, ?, ?)"
+        )
+        bump = session.prepare(
+            f"UPDATE {ks}.naive_unread SET unread = unread + 1 WHERE tenant=? AND user_id=? AND conversation_id=?"
+        )
+
+        def statements(tenant: str, users: list[str], pos: int) -> Iterator[tuple[Any, Any]]:
+            for u in users:
+                yield insert, (tenant, u, pos, pos, GROUP, 0)
+                yield bump, (tenant, u, GROUP)
+
+        execute_concurrent(session, statements("naive-warm", members[:2000], 1), concurrency=IN_FLIGHT,
+                           raise_on_first_error=True)  # fmt: skip
+        t = time.monotonic()
+        for m in range(messages):
+            execute_concurrent(session, statements("naive", members, 10**12 + m), concurrency=IN_FLIGHT,
+                               raise_on_first_error=True)  # fmt: skip
+        return len(members) * messages, time.monotonic() - t
+    finally:
+        cluster.shutdown()
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--members", type=int, default=100_000)
-    ap.add_argument("--messages", type=int, default=5)
+    ap.add_argument("--messages", type=int, default=20, help="the burst (default 20)")
+    ap.add_argument("--latency-messages", type=int, default=3, help="sent one at a time after the burst")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--naive-members", type=int, default=3_000)
+    ap.add_argument("--http", action="store_true", help="send through `fanout serve` over HTTP")
+    ap.add_argument("--preload", type=int, default=0, metavar="N", help="mailbox entries written first")
+    ap.add_argument("--preload-users", type=int, default=100_000, help="members per preload message")
+    ap.add_argument("--naive-members", type=int, help="members the naive writer writes (default --members)")
+    ap.add_argument("--naive-messages", type=int, default=1)
+    ap.add_argument("--keep", action="store_true", help="keep the database, topic and keyspace")
+    ap.add_argument("--reuse", metavar="NAME", help="run on a namespace kept by --keep")
     args = ap.parse_args()
 
-    import psycopg
-    from cassandra.cluster import Cluster
-
-    engines = env_file()
-    name = f"bench_{uuid.uuid4().hex[:10]}"
-    admin = with_path(engines["FANOUT_EVENT_STORE"], "postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    urls = {
-        "FANOUT_EVENT_STORE": with_path(engines["FANOUT_EVENT_STORE"], name),
-        "FANOUT_LOG": with_path(engines["FANOUT_LOG"], "", f"topic={name}&partitions={args.partitions}"),
-        "FANOUT_VIEWS": with_path(engines["FANOUT_VIEWS"], name),
-    }
-    settings = {
-        "FANOUT_MAX_GROUP_MEMBERS": str(max(args.members, 100_000)),
-        "FANOUT_TENANT_FANOUT_QUOTA_CAPACITY": "1e12",
-        "FANOUT_TENANT_FANOUT_QUOTA_REFILL": "1e12",
-        "FANOUT_PER_SENDER_IN_CONVERSATION_RATE": "1000/s",
-        "FANOUT_MAX_PROJECTION_LAG_ENTRIES": "100000000",
-    }
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FANOUT_")} | urls | settings
-    env["PYTHONPATH"] = str(ROOT)
-    logs = Path(tempfile.mkdtemp(prefix="fanout-bench-"))
-    procs: list[subprocess.Popen[bytes]] = []
-    rt = bootstrap_distributed(load_settings({**urls, **settings})).start()
+    exit_on_sigterm()
+    ns = Namespace(args.partitions, name=args.reuse)
+    if not args.reuse:
+        ns.create()
+    settings = OPEN_GATES | {"FANOUT_MAX_GROUP_MEMBERS": str(max(args.members, 100_000))}
+    fleet = Fleet(ns.urls, settings)
+    watch = MemoryWatch()
+    watch_fleet(watch, fleet)  # the engines now; the processes once started
+    watch.start()
+    c = cassandra_settings(ns.urls["FANOUT_VIEWS"])
+    rt = None
     try:
-        for kind in ["relay"] + ["worker"] * args.workers:
-            log = open(logs / f"{kind}-{len(procs)}.log", "wb")  # noqa: SIM115
-            procs.append(subprocess.Popen([sys.executable, "-m", f"cli.{kind}"], env=env, stdout=log, stderr=log, cwd=ROOT))
-        t0 = time.monotonic()
-        while rt.engines.workers() < args.workers:
-            time.sleep(0.2)
-        print(f"engines: {urls}\nrelay + {args.workers} worker(s) up in {time.monotonic() - t0:.1f} s "
-              f"(logs {logs})", flush=True)  # fmt: skip
+        rt = bootstrap_distributed(load_settings({**ns.urls, **settings})).start()
+        print(f"namespace {ns.name}{' (reused)' if args.reuse else ''}: {ns.urls}", flush=True)
+        if args.preload:
+            preload(c, args.preload, args.preload_users)
+        fleet.start_pipeline(args.workers)
+        http: Http | None = fleet.start_serve() if args.http else None
+        watch_fleet(watch, fleet, "this process (replica)" if http is None else "this process (observer replica)")
+        up = wait_workers(rt, args.workers)
+        print(f"relay + {args.workers} worker(s){' + fanout serve' if http else ''} up in {up:.1f} s "
+              f"(logs {fleet.logs})", flush=True)  # fmt: skip
 
         members = [f"u{i:06d}" for i in range(args.members)]
-        t0 = time.monotonic()
-        rt.app.create_conversation("bench", "big", "big", members[: min(len(members), 10_000)])
-        for i in range(10_000, len(members), 10_000):
-            rt.app.add_members("bench", "big", members[i : i + 10_000])
-        rt.wait_projected(600)
-        print(f"group of {args.members} members created and projected in {time.monotonic() - t0:.1f} s", flush=True)
+        head = rt.views.head(TENANT, GROUP)
+        if head is None:
+            t0 = time.monotonic()
+            rt.app.create_conversation(TENANT, GROUP, GROUP, members[:10_000])
+            for i in range(10_000, len(members), 10_000):
+                rt.app.add_members(TENANT, GROUP, members[i : i + 10_000])
+            rt.wait_projected(1800)
+            print(f"group of {args.members:,} members created and projected in {time.monotonic() - t0:.1f} s",
+                  flush=True)  # fmt: skip
+        else:
+            print(f"group exists: {head['member_count']:,} members, latest seq {head['latest_conversation_seq']}")
 
-        to_watermark, to_materialized = [], []
-        t_all = time.monotonic()
-        for n in range(args.messages):
-            t = time.monotonic()
-            sent = rt.app.send_message("bench", "big", sender=members[n % len(members)], text=f"m{n}")
+        def send(n: int, text: str) -> dict[str, Any]:
+            sender = members[n % len(members)]
+            if http is None:
+                return rt.app.send_message(TENANT, GROUP, sender=sender, text=text)
+            status, body = http.call("POST", f"/v1/conversations/{GROUP}/messages", {"sender": sender, "text": text})
+            if status != 201:
+                raise RuntimeError(f"send refused: {status} {body}")
+            return dict(body)
+
+        via = "HTTP (fanout serve)" if http else "this process's replica"
+        t0 = time.time()
+        sent = [send(n, f"burst {n}") for n in range(args.messages)]
+        t_sent = time.time()
+        rt.wait_until(sent[-1]["position"], 3600)
+        t_views = time.time()
+        records = [rt.queries.delivery(TENANT, GROUP, s["conversation_seq"]) for s in sent]
+        last = max(float(r["materialized_at"]) for r in records)
+        entries = sum(int(r["mailbox_entries"]) for r in records)
+        print(f"burst: {args.messages} sends accepted via {via} in {t_sent - t0:.2f} s; "
+              f"{entries:,} mailbox entries materialized {last - t0:.2f} s after the first send = "
+              f"{entries / (last - t0):,.0f} entries/s (this process saw the views hold the last at "
+              f"{t_views - t0:.2f} s)", flush=True)  # fmt: skip
+
+        to_mat, to_views = [], []
+        for n in range(args.latency_messages):
+            s = send(n + args.messages, f"latency {n}")
             accepted = time.time()
-            rt.wait_until(sent["position"], 600)
-            to_watermark.append(time.monotonic() - t)
-            record = rt.queries.delivery("bench", "big", sent["conversation_seq"])
-            to_materialized.append(float(record["materialized_at"]) - accepted)
-            print(f"  message {n + 1}: accepted -> views hold it {to_watermark[-1]:.2f} s "
-                  f"(materialized_at - accepted {to_materialized[-1]:.2f} s)", flush=True)  # fmt: skip
-        total = time.monotonic() - t_all
-        entries = args.members * args.messages
-        print(f"fan-out: {entries} mailbox entries in {total:.1f} s = {entries / total:,.0f} entries/s "
-              f"(one message at a time; p50 accepted->views {statistics.median(to_watermark):.2f} s, "
-              f"max {max(to_watermark):.2f} s)", flush=True)  # fmt: skip
+            rt.wait_until(s["position"], 600)
+            to_views.append(time.time() - accepted)
+            record = rt.queries.delivery(TENANT, GROUP, s["conversation_seq"])
+            to_mat.append(float(record["materialized_at"]) - accepted)
+            print(f"  latency message {n + 1}: accepted -> materialized_at {to_mat[-1]:.2f} s "
+                  f"(-> views hold it {to_views[-1]:.2f} s; {record['mailbox_entries']:,} entries)", flush=True)  # fmt: skip
+        if to_mat:
+            print(f"latency: accepted -> materialized_at p50 {statistics.median(to_mat):.2f} s, "
+                  f"max {max(to_mat):.2f} s (one {args.members:,}-member message at a time)", flush=True)  # fmt: skip
 
-        # The naive writer in the same run: one INSERT per member into the same table layout.
-        c = cassandra_settings(urls["FANOUT_VIEWS"])
-        cluster = Cluster(list(c.hosts), port=c.port, protocol_version=5)
-        session = cluster.connect(c.keyspace)
-        insert = session.prepare(
-            "INSERT INTO mailbox (tenant, user_id, pos, conversation_seq, conversation_id, flags) VALUES (?, ?, ?, ?, ?, ?)"
-        )
-        t = time.monotonic()
-        for i, u in enumerate(members[: args.naive_members]):
-            session.execute(insert, ("naive", u, 10**9 + i, 1, "big", 0))
-        naive = args.naive_members / (time.monotonic() - t)
-        cluster.shutdown()
-        print(f"naive (one INSERT per member, {args.naive_members} members, extrapolated): {naive:,.0f} entries/s "
-              f"-> {args.members / naive:.1f} s per {args.members}-member message; "
-              f"batched end to end is {entries / total / naive:.1f}x", flush=True)  # fmt: skip
+        naive_members = members[: args.naive_members or len(members)]
+        n, seconds = naive_writer(c, naive_members, args.naive_messages)
+        naive = n / seconds
+        rate = entries / (last - t0)
+        print(f"naive writer (per member: INSERT + counter UPDATE, execute_concurrent {IN_FLIGHT} in flight): "
+              f"{n:,} entries in {seconds:.2f} s = {naive:,.0f} entries/s "
+              f"({len(naive_members):,} members x {args.naive_messages} message(s), measured, not extrapolated)",
+              flush=True)  # fmt: skip
+        print(f"ratio: end to end {rate:,.0f} / naive {naive:,.0f} = {rate / naive:.1f}x", flush=True)
+        print(watch.report(), flush=True)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(30)
-        rt.close()
-        c = cassandra_settings(urls["FANOUT_VIEWS"])
-        cluster = Cluster(list(c.hosts), port=c.port, protocol_version=5)
-        cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {c.keyspace}", timeout=120)
-        cluster.shutdown()
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        watch.stop.set()
+        fleet.stop()
+        if rt is not None:
+            rt.close()
+        if args.keep:
+            print(f"kept: --reuse {ns.name}", flush=True)
+        else:
+            for problem in ns.drop():
+                print(f"not dropped: {problem}", flush=True)
     return 0
 
 

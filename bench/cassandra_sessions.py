@@ -1,0 +1,184 @@
+"""SESSION_LIST_BATCH from the Cassandra views (issue 7 item 3): a user in 5,000 conversations
+logs in; how long until the first SESSION_LIST_BATCH frame, and until the last.
+
+    .venv/bin/python bench/cassandra_sessions.py                       # 5,000 conversations, 20 logins
+    .venv/bin/python bench/cassandra_sessions.py --conversations 300 --repeats 5   # smoke
+
+Uses the engines in $FANOUT_ENGINES_DIR/engines.env with a fresh database, topic and keyspace of
+its own (dropped at the end); the relay, one worker and `fanout serve` run as subprocesses.
+
+The conversations are built through the distributed runtime, not written into the views by
+hand: this process's API replica creates each one (the user and one other member) and the other
+member sends one message in it, so every head has a latest seq, a preview and its own last
+activity, and the user has one unread in each; the worker projects them into Cassandra
+(user_states, heads). The gates are opened wide.
+
+Measured, each --repeats times after one warm-up, p50 / p90 / max:
+
+* WebSocket, what a client sees: `fanout serve`'s /v1/ws with the user's token; from the AUTH
+  frame sent to the first SESSION_LIST_BATCH received, and to the one marked last (frames are
+  produced lazily by `Queries.session_batches`, each read off the event loop, api/ws.py); the
+  connection is opened before the clock starts.
+* The same reads on this process's replica, no network: `rt.queries.session_batches` (first
+  frame, whole list), and its two reads apart (CassandraViews.sessions =
+  projections/state.py sessions_by_two_reads): the user's user_states partition, then one read
+  of every head's partition, concurrently, sorted by last activity.
+* GET /v1/me/sessions (the whole list in one HTTP answer).
+
+Prints numbers; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from distributed_common import (  # noqa: E402
+    OPEN_GATES,
+    TENANT,
+    Fleet,
+    Http,
+    MemoryWatch,
+    Namespace,
+    exit_on_sigterm,
+    user_token,
+    wait_workers,
+    watch_fleet,
+)
+
+from fanout.bootstrap import bootstrap_distributed  # noqa: E402
+from fanout.config import load_settings  # noqa: E402
+
+USER = "login-user"
+
+
+def ms(values: list[float]) -> str:
+    v = sorted(values)
+    return (f"p50 {1000 * statistics.median(v):7.1f} ms  p90 {1000 * v[int(0.9 * (len(v) - 1))]:7.1f} ms  "
+            f"max {1000 * v[-1]:7.1f} ms")  # fmt: skip
+
+
+async def websocket_logins(base: str, repeats: int) -> tuple[list[float], list[float], int, int]:
+    import aiohttp
+
+    token = user_token(USER)
+    first, whole = [], []
+    frames = sessions = 0
+    async with aiohttp.ClientSession() as http:
+        for _ in range(repeats + 1):  # the first is the warm-up
+            async with http.ws_connect(base.replace("http", "ws", 1) + "/v1/ws", max_msg_size=0) as ws:
+                t0 = time.perf_counter()
+                await ws.send_json({"type": "AUTH", "token": token})
+                frames = sessions = 0
+                t_first = None
+                while True:
+                    frame = await ws.receive_json(timeout=60)
+                    if frame["type"] == "AUTH_OK":
+                        continue
+                    if frame["type"] != "SESSION_LIST_BATCH":
+                        raise RuntimeError(f"unexpected frame {frame}")
+                    if t_first is None:
+                        t_first = time.perf_counter()
+                    frames += 1
+                    sessions += len(frame["sessions"])
+                    if frame["last"]:
+                        break
+                t_last = time.perf_counter()
+            first.append(t_first - t0)
+            whole.append(t_last - t0)
+    return first[1:], whole[1:], frames, sessions
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--conversations", type=int, default=5000)
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--partitions", type=int, default=4)
+    args = ap.parse_args()
+
+    exit_on_sigterm()
+    ns = Namespace(args.partitions)
+    ns.create()
+    print(f"namespace {ns.name}", flush=True)
+    env = {**ns.urls, **OPEN_GATES}
+    fleet = Fleet(ns.urls, OPEN_GATES)
+    watch = MemoryWatch()
+    rt = None
+    try:
+        rt = bootstrap_distributed(load_settings(env)).start()
+        fleet.start_pipeline(1)
+        base = fleet.start_serve().base
+        watch_fleet(watch, fleet, "this process (replica)")
+        watch.start()
+        print(f"relay + 1 worker + fanout serve up in {wait_workers(rt, 1):.1f} s (logs {fleet.logs})", flush=True)
+
+        t = time.monotonic()
+        for i in range(args.conversations):
+            cid, other = f"c{i:05d}", f"o{i:05d}"
+            rt.app.create_conversation(TENANT, cid, f"conversation {i}", [USER, other])
+            rt.app.send_message(TENANT, cid, sender=other, text=f"hello from {other}")
+            if (i + 1) % 1000 == 0:
+                print(f"  built {i + 1:,} conversations in {time.monotonic() - t:.0f} s", flush=True)
+        built = time.monotonic() - t
+        rt.wait_projected(1800)
+        print(f"{args.conversations:,} conversations (create + one send each) through the runtime in "
+              f"{built:.1f} s; the views held them {time.monotonic() - t:.1f} s after the first", flush=True)  # fmt: skip
+
+        first, whole, frames, sessions = asyncio.run(websocket_logins(base, args.repeats))
+        print(f"SESSION_LIST_BATCH for a user in {args.conversations:,} conversations ({sessions:,} sessions in "
+              f"{frames} frames), {args.repeats} logins each:")  # fmt: skip
+        print(f"  WebSocket (fanout serve)  AUTH sent -> first batch  {ms(first)}")
+        print(f"                            AUTH sent -> last batch   {ms(whole)}")
+
+        q_first, q_whole, states_t, heads_t = [], [], [], []
+        for r in range(args.repeats + 1):
+            t0 = time.perf_counter()
+            batches = rt.queries.session_batches(TENANT, USER)
+            next(batches)
+            t1 = time.perf_counter()
+            for _ in batches:
+                pass
+            t2 = time.perf_counter()
+            states = rt.views.user_states(TENANT, USER)
+            t3 = time.perf_counter()
+            for _ in rt.views.heads(TENANT, list(states), 500):
+                pass
+            t4 = time.perf_counter()
+            if r:
+                q_first.append(t1 - t0)
+                q_whole.append(t2 - t0)
+                states_t.append(t3 - t2)
+                heads_t.append(t4 - t3)
+        print(f"  Queries on a replica      first frame               {ms(q_first)}")
+        print(f"                            whole list                {ms(q_whole)}")
+        print(f"    of which: user_states partition ({len(states):,} rows)  {ms(states_t)}")
+        print(f"              {len(states):,} head partitions, concurrently  {ms(heads_t)}")
+
+        http = Http(base, user_token(USER))
+        got = []
+        for r in range(args.repeats + 1):
+            t0 = time.perf_counter()
+            status, body = http.call("GET", "/v1/me/sessions")
+            if r:
+                got.append(time.perf_counter() - t0)
+        n = len(body["sessions"]) if status == 200 else f"status {status}"
+        print(f"  GET /v1/me/sessions       whole list ({n} sessions)   {ms(got)}", flush=True)
+        print(watch.report(), flush=True)
+    finally:
+        watch.stop.set()
+        fleet.stop()
+        if rt is not None:
+            rt.close()
+        for problem in ns.drop():
+            print(f"not dropped: {problem}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

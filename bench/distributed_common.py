@@ -1,0 +1,338 @@
+"""What the benches on the real engines share (bench/distributed_fanout.py,
+bench/cassandra_sessions.py, bench/distributed_small_groups.py): a database, topic and
+keyspace of the bench's own on the engines of $FANOUT_ENGINES_DIR/engines.env, the relay,
+workers and `fanout serve` as subprocesses, a service token, and the memory of every process
+(/proc/<pid>/status VmHWM / VmRSS, sampled while the bench runs). Not a bench itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+ENGINES_DIR = Path(os.environ.get("FANOUT_ENGINES_DIR", "/tmp/fanout-engines"))
+SECRET = "bench-secret-bench-secret-bench-secret-0123456789"
+TENANT = "bench"
+
+# The admission gates and the backpressure limits opened wide: the benches measure the
+# machinery, not the limits (as bench/serve_fanout.py does for the embedded runtime).
+OPEN_GATES = {
+    "FANOUT_PER_CONVERSATION_MSG_RATE": "1000000/1000000/1000000",
+    "FANOUT_PER_SENDER_IN_CONVERSATION_RATE": "1000000/1s",
+    "FANOUT_TENANT_FANOUT_QUOTA_CAPACITY": "1e12",
+    "FANOUT_TENANT_FANOUT_QUOTA_REFILL": "1e12",
+    "FANOUT_PLATFORM_FANOUT_BUDGET": "1e12",
+    "FANOUT_MAX_PROJECTION_LAG_ENTRIES": "1000000000",
+    "FANOUT_MAX_PROJECTION_LAG_EVENTS": "100000000",
+}
+
+
+def env_file() -> dict[str, str]:
+    out = {}
+    for line in (ENGINES_DIR / "engines.env").read_text().splitlines():
+        if line and not line.startswith("#") and "=" in line:
+            k, v = line.split("=", 1)
+            out[k] = v
+    return out
+
+
+def with_path(url: str, path: str, query: str | None = None) -> str:
+    u = urlsplit(url)
+    return urlunsplit((u.scheme, u.netloc, "/" + path, u.query if query is None else query, ""))
+
+
+class Namespace:
+    """A PostgreSQL database, a Kafka topic (and its .pushes topic) and a Cassandra keyspace
+    of one name on the shared engines: created by create() (unless reused), dropped by drop()."""
+
+    def __init__(self, partitions: int, name: str | None = None, prefix: str = "bench") -> None:
+        self.engines = env_file()
+        self.name = name or f"{prefix}_{uuid.uuid4().hex[:10]}"
+        self.admin = with_path(self.engines["FANOUT_EVENT_STORE"], "postgres")
+        self.urls = {
+            "FANOUT_EVENT_STORE": with_path(self.engines["FANOUT_EVENT_STORE"], self.name),
+            "FANOUT_LOG": with_path(self.engines["FANOUT_LOG"], "", f"topic={self.name}&partitions={partitions}"),
+            "FANOUT_VIEWS": with_path(self.engines["FANOUT_VIEWS"], self.name),
+        }
+
+    def create(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.admin, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f'CREATE DATABASE "{self.name}"')
+
+    def drop(self) -> list[str]:
+        """Everything of the namespace; returns what could not be dropped."""
+        failed = []
+        try:
+            import psycopg
+
+            with psycopg.connect(self.admin, autocommit=True, connect_timeout=5) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        except Exception as exc:
+            failed.append(f"database {self.name}: {exc}")
+        try:
+            from confluent_kafka.admin import AdminClient
+
+            from fanout.urls import kafka_settings
+
+            admin = AdminClient({"bootstrap.servers": kafka_settings(self.urls["FANOUT_LOG"]).bootstrap})
+            for f in admin.delete_topics([self.name, f"{self.name}.pushes"], operation_timeout=30).values():
+                try:
+                    f.result(timeout=30)
+                except Exception as exc:
+                    if "UNKNOWN_TOPIC" not in str(exc):
+                        raise
+        except Exception as exc:
+            failed.append(f"topic {self.name}: {exc}")
+        try:
+            from cassandra.cluster import Cluster
+
+            from fanout.urls import cassandra_settings
+
+            c = cassandra_settings(self.urls["FANOUT_VIEWS"])
+            cluster = Cluster(list(c.hosts), port=c.port, protocol_version=5)
+            try:
+                cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {c.keyspace}", timeout=300)
+            finally:
+                cluster.shutdown()
+        except Exception as exc:
+            failed.append(f"keyspace {self.name}: {exc}")
+        return failed
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (e.g. `timeout`) unwinds like an exception, so the benches' finally blocks stop
+    the subprocesses and drop the namespace."""
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Fleet:
+    """The relay, the workers and `fanout serve` as subprocesses with the namespace's URLs
+    and the open gates; logs in a temporary directory."""
+
+    def __init__(self, urls: dict[str, str], settings: dict[str, str]) -> None:
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("FANOUT_")} | urls | settings
+        self.env["PYTHONPATH"] = str(ROOT)
+        self.env["FANOUT_SECRET"] = SECRET
+        self.logs = Path(tempfile.mkdtemp(prefix="fanout-bench-"))
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, module: str, *args: str) -> subprocess.Popen[bytes]:
+        with open(self.logs / f"{name}.log", "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", module, *args], env=self.env, stdout=log, stderr=log, cwd=ROOT
+            )
+        self.procs[name] = proc
+        return proc
+
+    def start_pipeline(self, workers: int) -> None:
+        self.start("relay", "cli.relay")
+        for i in range(workers):
+            self.start(f"worker-{i + 1}", "cli.worker")
+
+    def start_serve(self) -> Http:
+        port = free_port()
+        data = tempfile.mkdtemp(prefix="fanout-bench-serve-")
+        self.start("serve", "cli.main", "serve", "--data-dir", data, "--port", str(port))
+        http = Http(f"http://127.0.0.1:{port}", service_token())
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(http.base + "/healthz", timeout=1).close()
+                return http
+            except OSError:
+                if self.procs["serve"].poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"fanout serve did not start: see {self.logs / 'serve.log'}") from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs.values():
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(10)
+
+
+def service_token(sub: str = "bench") -> str:
+    from fanout.security import mint_token
+
+    return mint_token(SECRET, TENANT, "service", sub)
+
+
+def user_token(user_id: str) -> str:
+    from fanout.security import mint_token
+
+    return mint_token(SECRET, TENANT, "user", user_id)
+
+
+class Http:
+    """JSON over HTTP to `fanout serve` (urllib, one connection per request)."""
+
+    def __init__(self, base: str, token: str) -> None:
+        self.base = base
+        self.token = token
+
+    def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, method=method)
+        req.add_header("Authorization", f"Bearer {self.token}")
+        req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return r.status, json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"null")
+
+
+def wait_workers(rt: Any, n: int, timeout: float = 120.0) -> float:
+    """Seconds until n workers' heartbeats reach the replica `rt`."""
+    t0 = time.monotonic()
+    while rt.engines.workers() < n:
+        if time.monotonic() - t0 > timeout:
+            raise RuntimeError(f"{n} worker(s) not up within {timeout:.0f} s")
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
+# -- memory -----------------------------------------------------------------------------
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmHWM and VmRSS of a process in KiB ({} if it is gone)."""
+    out = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmHWM", "VmRSS"):
+                out[key] = int(value.split()[0])
+    except (OSError, ValueError):
+        return {}
+    return out
+
+
+def engine_pid(name: str) -> int | None:
+    """The pid of a running engine from its pid file ($FANOUT_ENGINES_DIR/<name>/<name>.pid)."""
+    try:
+        pid = int((ENGINES_DIR / name / f"{name}.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if Path(f"/proc/{pid}").exists() else None
+
+
+def pss_kib(pid: int) -> int:
+    """Proportional set size (shared pages divided among their processes), 0 if unknown."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def engine_pids(name: str) -> list[int]:
+    pid = engine_pid(name)
+    return [] if pid is None else [pid]
+
+
+def postgres_pids() -> list[int]:
+    """The postmaster and its children (backends, background workers)."""
+    root = engine_pid("postgres")
+    if root is None:
+        return []
+    import psutil
+
+    try:
+        return [root] + [c.pid for c in psutil.Process(root).children(recursive=True)]
+    except psutil.Error:
+        return [root]
+
+
+class MemoryWatch(threading.Thread):
+    """Samples VmRSS of named groups of processes every `interval` s (a group's RSS is the sum
+    over its processes: PostgreSQL is a postmaster and its backends); report() adds VmHWM,
+    the kernel's peak over each process's whole life."""
+
+    def __init__(self, interval: float = 0.5) -> None:
+        super().__init__(daemon=True, name="bench-rss")
+        self.interval = interval
+        self.groups: dict[str, Callable[[], list[int]]] = {}
+        self.peak: dict[str, int] = {}
+        self.hwm: dict[str, int] = {}  # the largest VmHWM of a process of the group seen
+        self.stop = threading.Event()
+
+    def watch(self, name: str, pids: Callable[[], list[int]]) -> None:
+        self.groups[name] = pids
+
+    def sample(self) -> None:
+        for name, pids in list(self.groups.items()):
+            total = 0
+            for pid in pids():
+                st = proc_status(pid)
+                total += st.get("VmRSS", 0)
+                self.hwm[name] = max(self.hwm.get(name, 0), st.get("VmHWM", 0))
+            self.peak[name] = max(self.peak.get(name, 0), total)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.sample()
+            self.stop.wait(self.interval)
+
+    def report(self) -> str:
+        self.sample()
+        lines = [
+            f"peak memory: RSS sampled every {self.interval} s while the bench ran (a group of processes: the sum "
+            "of their VmRSS, shared memory counted in each); VmHWM: the kernel's peak over the process's life "
+            "(the engines': since they started, before this bench; a group's: its largest process)"
+        ]
+        for name, pids in self.groups.items():
+            pss = sum(pss_kib(pid) for pid in pids())
+            lines.append(
+                f"  {name:<34} peak RSS {self.peak.get(name, 0) / 1024:>7,.0f} MiB   "
+                f"VmHWM {self.hwm.get(name, 0) / 1024:>7,.0f} MiB   PSS at the end {pss / 1024:>7,.0f} MiB"
+            )
+        return "\n".join(lines)
+
+
+def watch_fleet(watch: MemoryWatch, fleet: Fleet, this_process: str | None = None) -> None:
+    """The fleet's processes, this process (named `this_process`) and the three engines."""
+    for name, proc in fleet.procs.items():
+        watch.watch(name, partial(list, [proc.pid]))
+    if this_process:
+        watch.watch(this_process, partial(list, [os.getpid()]))
+    for engine in ("kafka", "cassandra"):
+        watch.watch(f"{engine} (JVM)", partial(engine_pids, engine))
+    watch.watch("postgres (sum of all processes)", postgres_pids)

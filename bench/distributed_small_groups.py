@@ -1,0 +1,202 @@
+"""Many small groups on the distributed runtime (issue 7 item 4): sends accepted per second by
+API replicas on the PostgreSQL event store, and how fast the relay and the workers project them
+into Cassandra. The embedded runtime's number is bench/small_groups.py (one writer, ~1,100
+sends/s on this machine: docs/PERFORMANCE.md section 6).
+
+    .venv/bin/python bench/distributed_small_groups.py                          # 1,000 groups of 20, 5,000 sends
+    .venv/bin/python bench/distributed_small_groups.py --replicas 2 --tenants 2
+    .venv/bin/python bench/distributed_small_groups.py --groups 50 --messages 300   # smoke
+
+Uses the engines in $FANOUT_ENGINES_DIR/engines.env with a fresh database, topic and keyspace
+of its own (dropped at the end); the relay and --workers workers run as subprocesses. The
+groups are created through this process's replica and projected first. Then --replicas API
+replicas, each a process of its own built as `fanout serve` builds one
+(`bootstrap_distributed`), each sending from one thread (a replica runs its commands under one
+lock), send --messages in all, round-robin over their own groups (replica j sends to the
+groups g with g % replicas == j: no two replicas race on a conversation). The groups are spread
+over --tenants tenants: every send also appends to its tenant's quota stream, so replicas of one
+tenant race on that stream (the conflicts are counted and retried). Sends go through the
+application (`rt.app.send_message`), not HTTP, as bench/small_groups.py does. The gates are
+opened wide and the clock is real. Projection: from the first send until this process's
+replica sees the views hold the last one. Prints numbers; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import queue
+import statistics
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from distributed_common import (  # noqa: E402
+    OPEN_GATES,
+    Fleet,
+    MemoryWatch,
+    Namespace,
+    exit_on_sigterm,
+    proc_status,
+    wait_workers,
+    watch_fleet,
+)
+
+from fanout.bootstrap import bootstrap_distributed  # noqa: E402
+from fanout.config import load_settings  # noqa: E402
+
+
+def tenant_of(g: int, tenants: int) -> str:
+    return f"bench{g % tenants}"
+
+
+def replica(j: int, env: dict[str, str], args: dict[str, int], go: Any, out: Any) -> None:
+    """One API replica process: warm its groups, wait for `go`, send its share; puts
+    ("done", j, start, end, latencies of the accepted sends, last position, conflicts retried,
+    refusals by code, VmHWM KiB) or ("failed", j, error)."""
+    try:
+        from domain.errors import FanoutError
+
+        rt = bootstrap_distributed(load_settings(env))
+        try:
+            mine = [g for g in range(args["groups"]) if g % args["replicas"] == j]
+            for g in mine:  # a running replica has its conversations cached
+                rt.app.conversation(tenant_of(g, args["tenants"]), f"g{g}")
+            share = args["messages"] // args["replicas"] + (1 if j < args["messages"] % args["replicas"] else 0)
+            out.put(("ready", j))
+            go.wait()
+            latencies: list[float] = []
+            refused: dict[str, int] = {}
+            last = 0
+            t0 = time.time()
+            for i in range(share):
+                g = mine[i % len(mine)]
+                t = time.perf_counter()
+                try:
+                    r = rt.app.send_message(
+                        tenant_of(g, args["tenants"]), f"g{g}", sender=f"u{i % args['members']}", text="hi"
+                    )
+                except FanoutError as exc:  # e.g. UNAVAILABLE: every retry lost the race
+                    refused[exc.code] = refused.get(exc.code, 0) + 1
+                    continue
+                latencies.append(time.perf_counter() - t)
+                last = max(last, int(r["position"]))
+            end = time.time()
+            hwm = proc_status(os.getpid()).get("VmHWM", 0)
+            out.put(("done", j, t0, end, latencies, last, rt.app.conflicts, refused, hwm))
+        finally:
+            rt.close()
+    except BaseException as exc:
+        out.put(("failed", j, f"{type(exc).__name__}: {exc}"))
+        raise
+
+
+def collect(out: Any, children: list[Any], kind: str, timeout: float) -> list[Any]:
+    """One message per child; raises if a child failed or died without one."""
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < len(children):
+        try:
+            msg = out.get(timeout=1)
+        except queue.Empty:
+            if any(not p.is_alive() for p in children) or time.monotonic() > deadline:
+                raise RuntimeError(f"a replica process stopped (or timed out) before {kind}") from None
+            continue
+        if msg[0] == "failed":
+            raise RuntimeError(f"replica {msg[1] + 1} failed: {msg[2]}")
+        got.append(msg)
+    return got
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--groups", type=int, default=1000)
+    ap.add_argument("--members", type=int, default=20)
+    ap.add_argument("--messages", type=int, default=5000)
+    ap.add_argument("--replicas", type=int, default=1, help="API replica processes sending")
+    ap.add_argument("--tenants", type=int, default=1, help="tenants the groups are spread over")
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--partitions", type=int, default=4)
+    args = ap.parse_args()
+
+    exit_on_sigterm()
+    ns = Namespace(args.partitions)
+    ns.create()
+    print(f"namespace {ns.name}", flush=True)
+    env = {**ns.urls, **OPEN_GATES}
+    fleet = Fleet(ns.urls, OPEN_GATES)
+    watch = MemoryWatch()
+    rt = None
+    children: list[Any] = []
+    try:
+        rt = bootstrap_distributed(load_settings(env)).start()
+        fleet.start_pipeline(args.workers)
+        watch_fleet(watch, fleet, "this process (set-up replica)")
+        watch.start()
+        print(f"relay + {args.workers} worker(s) up in {wait_workers(rt, args.workers):.1f} s "
+              f"(logs {fleet.logs})", flush=True)  # fmt: skip
+
+        t = time.monotonic()
+        for g in range(args.groups):
+            rt.app.create_conversation(tenant_of(g, args.tenants), f"g{g}", "", [f"u{i}" for i in range(args.members)])
+        created = time.monotonic() - t
+        rt.wait_projected(1800)
+        print(f"{args.groups} groups of {args.members} created in {created:.1f} s "
+              f"({args.groups / created:,.0f} creates/s), projected {time.monotonic() - t:.1f} s after the first",
+              flush=True)  # fmt: skip
+
+        ctx = mp.get_context("spawn")
+        go, out = ctx.Event(), ctx.Queue()
+        shared = {k: getattr(args, k) for k in ("groups", "members", "messages", "replicas", "tenants")}
+        for j in range(args.replicas):
+            p = ctx.Process(target=replica, args=(j, env, shared, go, out), name=f"replica-{j + 1}")
+            p.start()
+            children.append(p)
+            watch.watch(f"replica-{j + 1} (process)", partial(list, [p.pid]))
+        collect(out, children, "ready", 600)
+        go.set()
+        done = collect(out, children, "done", 3600)
+        for p in children:
+            p.join(60)
+        start = min(d[2] for d in done)
+        end = max(d[3] for d in done)
+        latencies = sorted(x for d in done for x in d[4])
+        last = max(d[5] for d in done)
+        rt.wait_until(last, 3600)
+        projected = time.time()
+        n = len(latencies)
+        refused: dict[str, int] = {}
+        for d in done:
+            for code, k in d[7].items():
+                refused[code] = refused.get(code, 0) + k
+        print(f"{args.groups} groups of {args.members}, {args.tenants} tenant(s): {n} sends accepted through "
+              f"{args.replicas} replica(s), one thread each, {args.workers} worker(s); refused: {refused or 'none'}")  # fmt: skip
+        print(f"  command side  {n / (end - start):,.0f} sends accepted/s (p50 {1000 * statistics.median(latencies):.1f} ms, "
+              f"p99 {1000 * latencies[int(0.99 * (n - 1))]:.1f} ms per send; "
+              f"{sum(d[6] for d in done)} optimistic-concurrency conflicts retried)")  # fmt: skip
+        print(f"  projection    views hold the last send {projected - end:.2f} s after it was accepted: "
+              f"{n / (projected - start):,.0f} messages/s = {n * args.members / (projected - start):,.0f} entries/s "
+              "from the first send to the views holding the last", flush=True)  # fmt: skip
+        print(watch.report(), flush=True)
+        for d in sorted(done, key=lambda d: d[1]):
+            print(f"  replica-{d[1] + 1} (process)   VmHWM {d[8] / 1024:,.0f} MiB (its own, at its end)")
+    finally:
+        watch.stop.set()
+        for p in children:
+            if p.is_alive():
+                p.terminate()
+        fleet.stop()
+        if rt is not None:
+            rt.close()
+        for problem in ns.drop():
+            print(f"not dropped: {problem}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
