@@ -156,7 +156,9 @@ def snapshot(views: Any) -> dict[str, Any]:
 def capacity_totals(views: Any, partitions: Sequence[int]) -> dict[str, Any]:
     states = [views.capacity_state(state_name(p)) or {} for p in partitions]
     st = merged(PARAMS, states).state()
-    return {k: st[k] for k in ("slots", "entries_total", "messages_total", "firing")}
+    # Which triggers fire (a worker's partitions only count; the monitor keeps its own flags,
+    # ADR-0020): compared as the set of firing ones.
+    return {**{k: st[k] for k in ("slots", "entries_total", "messages_total")}, "firing": {k for k, v in st["firing"].items() if v}}
 
 
 # -- playing the relay ---------------------------------------------------------------------------
