@@ -252,6 +252,15 @@ def engine_pid(name: str) -> int | None:
     return pid if Path(f"/proc/{pid}").exists() else None
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pss_kib(pid: int) -> int:
     """Proportional set size (shared pages divided among their processes), 0 if unknown."""
     try:
@@ -292,24 +301,42 @@ class MemoryWatch(threading.Thread):
         self.groups: dict[str, Callable[[], list[int]]] = {}
         self.peak: dict[str, int] = {}
         self.hwm: dict[str, int] = {}  # the largest VmHWM of a process of the group seen
+        self.cpu_seen: dict[str, dict[int, float]] = {}  # CPU seconds per process, last sampled
+        self._lock = threading.Lock()
         self.stop = threading.Event()
 
     def watch(self, name: str, pids: Callable[[], list[int]]) -> None:
         self.groups[name] = pids
 
     def sample(self) -> None:
-        for name, pids in list(self.groups.items()):
-            total = 0
-            for pid in pids():
-                st = proc_status(pid)
-                total += st.get("VmRSS", 0)
-                self.hwm[name] = max(self.hwm.get(name, 0), st.get("VmHWM", 0))
-            self.peak[name] = max(self.peak.get(name, 0), total)
+        with self._lock:
+            for name, pids in list(self.groups.items()):
+                total = 0
+                seen = self.cpu_seen.setdefault(name, {})
+                for pid in pids():
+                    st = proc_status(pid)
+                    total += st.get("VmRSS", 0)
+                    self.hwm[name] = max(self.hwm.get(name, 0), st.get("VmHWM", 0))
+                    seen[pid] = max(seen.get(pid, 0.0), cpu_seconds(pid))
+                self.peak[name] = max(self.peak.get(name, 0), total)
 
     def run(self) -> None:
         while not self.stop.is_set():
             self.sample()
             self.stop.wait(self.interval)
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds used so far by each group: every process of it ever sampled, a process
+        that ended counted as last sampled (up to one interval short)."""
+        self.sample()
+        with self._lock:
+            return {name: sum(self.cpu_seen.get(name, {}).values()) for name in self.groups}
+
+    @staticmethod
+    def cpu_report(before: dict[str, float], after: dict[str, float], wall: float) -> str:
+        used = {name: after[name] - before.get(name, 0.0) for name in after}
+        parts = [f"{name} {sec:.1f} s ({sec / wall:.2f} cores)" for name, sec in used.items() if sec >= 0.05]
+        return f"CPU used over {wall:.1f} s (this machine has {os.cpu_count()} cores): " + "; ".join(parts)
 
     def report(self) -> str:
         self.sample()

@@ -97,6 +97,26 @@ def preload(c: CassandraSettings, n: int, per_message: int) -> None:
         store.close()
 
 
+def client_floor(c: CassandraSettings, members: list[str]) -> str:
+    """What the driver costs the worker per row before a byte is sent: building the grouped
+    writer's UNLOGGED batches of one message (CassandraMailbox.batches: the prepared INSERT
+    bound per member), timed here without executing them (best of 3)."""
+    store = CassandraMailbox.from_settings(c)
+    try:
+        refs = MessageRefs(GROUP, 1, 1, 0, {}, grouped(members))
+        best = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            for _batch in store.batches(TENANT, refs):
+                pass
+            best = min(best, time.perf_counter() - t)
+    finally:
+        store.close()
+    return (f"client floor: binding one {len(members):,}-member message into UNLOGGED batches (no I/O) takes "
+            f"{best:.2f} s in one process = {best / len(members) * 1e6:.1f} us per row, "
+            f"a ceiling of {len(members) / best:,.0f} rows/s per worker process before any I/O")  # fmt: skip
+
+
 def naive_writer(c: CassandraSettings, members: list[str], messages: int) -> tuple[int, float]:
     """One INSERT + one counter UPDATE per member, execute_concurrent; (entries, seconds)."""
     from cassandra.concurrent import execute_concurrent
@@ -198,11 +218,13 @@ def main() -> int:
             return dict(body)
 
         via = "HTTP (fanout serve)" if http else "this process's replica"
+        cpu0 = watch.cpu()
         t0 = time.time()
         sent = [send(n, f"burst {n}") for n in range(args.messages)]
         t_sent = time.time()
         rt.wait_until(sent[-1]["position"], 3600)
         t_views = time.time()
+        cpu1 = watch.cpu()
         records = [rt.queries.delivery(TENANT, GROUP, s["conversation_seq"]) for s in sent]
         last = max(float(r["materialized_at"]) for r in records)
         entries = sum(int(r["mailbox_entries"]) for r in records)
@@ -210,6 +232,8 @@ def main() -> int:
               f"{entries:,} mailbox entries materialized {last - t0:.2f} s after the first send = "
               f"{entries / (last - t0):,.0f} entries/s (this process saw the views hold the last at "
               f"{t_views - t0:.2f} s)", flush=True)  # fmt: skip
+        print("  " + watch.cpu_report(cpu0, cpu1, t_views - t0), flush=True)
+        print("  " + client_floor(c, members), flush=True)
 
         to_mat, to_views = [], []
         for n in range(args.latency_messages):

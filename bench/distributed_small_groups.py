@@ -159,6 +159,7 @@ def main() -> int:
             children.append(p)
             watch.watch(f"replica-{j + 1} (process)", partial(list, [p.pid]))
         collect(out, children, "ready", 600)
+        cpu0, c0 = watch.cpu(), time.time()
         go.set()
         done = collect(out, children, "done", 3600)
         for p in children:
@@ -169,6 +170,7 @@ def main() -> int:
         last = max(d[5] for d in done)
         rt.wait_until(last, 3600)
         projected = time.time()
+        cpu1 = watch.cpu()
         n = len(latencies)
         refused: dict[str, int] = {}
         for d in done:
@@ -182,6 +184,7 @@ def main() -> int:
         print(f"  projection    views hold the last send {projected - end:.2f} s after it was accepted: "
               f"{n / (projected - start):,.0f} messages/s = {n * args.members / (projected - start):,.0f} entries/s "
               "from the first send to the views holding the last", flush=True)  # fmt: skip
+        print("  " + watch.cpu_report(cpu0, cpu1, projected - c0), flush=True)
         print(watch.report(), flush=True)
         for d in sorted(done, key=lambda d: d[1]):
             print(f"  replica-{d[1] + 1} (process)   VmHWM {d[8] / 1024:,.0f} MiB (its own, at its end)")
