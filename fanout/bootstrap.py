@@ -28,7 +28,7 @@ from fanout.distributed import Closeable, DistributedRuntime
 from fanout.overload import Backpressure
 from fanout.push import PushHub
 from fanout.queries import Queries
-from fanout.runtime import Runtime
+from fanout.runtime import Runtime, ViewReads
 from fanout.urls import CassandraSettings, KafkaSettings, cassandra_settings, kafka_settings, postgres_env
 from projections.capacity import CapacityProjection
 from projections.delivery import Delivered
@@ -226,15 +226,8 @@ class EmbeddedRuntime:
         self.clock = clock
         self._lock = lock
         self.views = views
-        self.app = open_application(
-            params,
-            data_dir,
-            env=event_store_env,
-            clock=clock,
-            message_sender=self._message_sender,
-            conversations_in_scope=self._conversations_in_scope,
-            read_state=self._read_state,
-        )
+        reads = ViewReads(views, position=lambda: self.runner.position(), catch_up=self._projected)
+        self.app = reads.app = open_application(params, data_dir, env=event_store_env, clock=clock, **reads.wiring())
         self.queries = Queries(views, params)
         self.hub = PushHub(views)
         self.runner = EmbeddedRunner(self.app, views, params, on_effects=self._on_effects)
@@ -251,26 +244,9 @@ class EmbeddedRuntime:
 
     # -- wiring: what the command side reads from the views -----------------------------
 
-    def _message_sender(self, tenant: str, conversation_id: str, seq: int) -> str | None:
-        """Who sent the message a reply points at: from the views, or, when they have not
-        applied it yet (a projector behind the log), from its MessageSent event in the
-        store, so the replied-to member is materialized and counted whatever the lag."""
-        m = self.views.message(tenant, conversation_id, seq)
-        if m is not None:
-            return str(m["sender"])
-        sent = self.app.sent_message(tenant, conversation_id, seq)
-        return sent.sender if sent is not None else None
-
-    def _conversations_in_scope(self, tenant: str, size_bucket: str) -> list[str]:
+    def _projected(self) -> None:
         if self.runner.running:
             self.runner.wait_until(self.runner.log_position(), timeout=30)
-        return self.views.heads_by_scope(tenant, size_bucket)
-
-    def _read_state(self, tenant: str, conversation_id: str, user_id: str) -> tuple[int, int] | None:
-        """(read_seq, views position) of a member: the position is read after the state,
-        so the views at that position hold at least that read seq."""
-        state = self.views.state(tenant, user_id, conversation_id)
-        return None if state is None else (int(state["read_conversation_seq"]), self.runner.position())
 
     def _on_effects(self, effects: Sequence[Effect]) -> None:
         """After a unit of work commits: online pushes (invariant O), and the reviews

@@ -24,6 +24,7 @@ from fanout.application import FanoutApplication
 from fanout.overload import Backpressure
 from fanout.push import PushHub
 from fanout.queries import Queries
+from fanout.runtime import ViewReads
 from projections.capacity import CapacityProjection
 from projections.capacity_monitor import platform_window
 from projections.delivery import Delivered, DeliveryProjection
@@ -74,14 +75,9 @@ class DistributedRuntime:
         self.engines = engines
         self.partitions = partitions
         self.clock = clock
-        self.app = FanoutApplication(
-            params,
-            dict(event_store_env),
-            clock=clock,
-            message_sender=self._message_sender,
-            conversations_in_scope=self._conversations_in_scope,
-            read_state=self._read_state,
-            shared_store=True,
+        reads = ViewReads(views, position=lambda: self.committed, catch_up=self._projected)
+        self.app = reads.app = FanoutApplication(
+            params, dict(event_store_env), clock=clock, shared_store=True, **reads.wiring()
         )
         self.queries = Queries(views, params)
         self.hub = PushHub(views)
@@ -105,20 +101,8 @@ class DistributedRuntime:
 
     # -- wiring: what the command side reads from the views --------------------------
 
-    def _message_sender(self, tenant: str, conversation_id: str, seq: int) -> str | None:
-        m = self.views.message(tenant, conversation_id, seq)
-        if m is not None:
-            return str(m["sender"])
-        sent = self.app.sent_message(tenant, conversation_id, seq)
-        return sent.sender if sent is not None else None
-
-    def _conversations_in_scope(self, tenant: str, size_bucket: str) -> list[str]:
+    def _projected(self) -> None:
         self.wait_until(self.app.log_position(), timeout=30)
-        return self.views.heads_by_scope(tenant, size_bucket)
-
-    def _read_state(self, tenant: str, conversation_id: str, user_id: str) -> tuple[int, int] | None:
-        state = self.views.state(tenant, user_id, conversation_id)
-        return None if state is None else (int(state["read_conversation_seq"]), self.committed)
 
     def _on_push(self, effect: Delivered) -> None:
         try:

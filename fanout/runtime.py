@@ -8,6 +8,7 @@ Faust, Cassandra) will implement the same protocol. Positions are event-log posi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol, Self
 
 from domain.params import Parameters
@@ -16,6 +17,7 @@ from fanout.overload import Backpressure
 from fanout.push import PushHub
 from fanout.queries import Queries
 from projections.capacity import CapacityProjection
+from projections.ports import ViewStore
 
 
 class Runtime(Protocol):
@@ -71,3 +73,47 @@ class Runtime(Protocol):
 
     def close(self) -> None:
         """Stop the projectors and close every store (and release the data dir)."""
+
+
+class ViewReads:
+    """What the command side reads from the views, the same in both runtimes (handed to
+    `FanoutApplication` as its message_sender, conversations_in_scope and read_state).
+
+    `position()`: the position the views hold; `catch_up()`: wait until they hold the log
+    written so far (before a tier decision lists the conversations of its scope). `app` is
+    set once the application these reads serve is built (a reply whose message the views
+    do not hold yet is looked up in the event store)."""
+
+    def __init__(self, views: ViewStore, position: Callable[[], int], catch_up: Callable[[], None]) -> None:
+        self.views = views
+        self.position = position
+        self.catch_up = catch_up
+        self.app: FanoutApplication | None = None
+
+    def message_sender(self, tenant: str, conversation_id: str, seq: int) -> str | None:
+        """Who sent the message a reply points at: from the views, or, when they have not
+        applied it yet (a projector behind the log), from its MessageSent event in the
+        store, so the replied-to member is materialized and counted whatever the lag."""
+        m = self.views.message(tenant, conversation_id, seq)
+        if m is not None:
+            return str(m["sender"])
+        sent = self.app.sent_message(tenant, conversation_id, seq) if self.app is not None else None
+        return sent.sender if sent is not None else None
+
+    def conversations_in_scope(self, tenant: str, size_bucket: str) -> list[str]:
+        self.catch_up()
+        return self.views.heads_by_scope(tenant, size_bucket)
+
+    def read_state(self, tenant: str, conversation_id: str, user_id: str) -> tuple[int, int] | None:
+        """(read_seq, views position) of a member: the position is read after the state,
+        so the views at that position hold at least that read seq."""
+        state = self.views.state(tenant, user_id, conversation_id)
+        return None if state is None else (int(state["read_conversation_seq"]), self.position())
+
+    def wiring(self) -> dict[str, Any]:
+        """The keyword arguments of FanoutApplication these reads fill."""
+        return {
+            "message_sender": self.message_sender,
+            "conversations_in_scope": self.conversations_in_scope,
+            "read_state": self.read_state,
+        }
