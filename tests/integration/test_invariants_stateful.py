@@ -238,15 +238,15 @@ class FanoutMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="fanout-inv-"))
         self.clock = FakeClock()
-        self.h = Harness(self.dir, PARAMS, self.clock)
+        self.t = self.tenant()
+        self.h = self.open_harness()
         self.model = Model()
         self.clients: dict[tuple[str, int], Client] = {}  # (user, device)
-        self.h_pos = 0  # events checked for H so far
         self.h_tiers: dict[Any, bool] = {}
         self.h_reviews: dict[str, tuple[str, str]] = {}
         self.h_last: dict[Any, float] = {}
         self.h_seen: list[Switch] = []
-        self.names: dict[Any, str] = {Conversation.create_id(T, c): c for c in CIDS}
+        self.names: dict[Any, str] = {Conversation.create_id(self.t, c): c for c in CIDS}
         self.msg_counter = 0
         self.pulls = 0
         # Lag: while > 0, commands are not projected; the backlog is then applied in ONE
@@ -254,6 +254,16 @@ class FanoutMachine(RuleBasedStateMachine):
         self.lag = 0
         self.lagged_batches = 0
         self.unchecked: list[tuple[str, int, int, str]] = []  # (cid, seq, recipients, policy)
+        self.h_pos = self.h.log_top()  # H reads this example's events (a shared store holds earlier ones)
+
+    # -- what a runtime variant of the machine changes (tests/distributed/test_invariants.py) --
+
+    def tenant(self) -> str:
+        return T
+
+    def open_harness(self) -> Any:
+        """The runtime under test: the embedded one over a data dir of its own."""
+        return Harness(self.dir, PARAMS, self.clock)
 
     def teardown(self) -> None:
         msgs = [m for c in self.model.convs.values() for m in c.msgs]
@@ -288,7 +298,7 @@ class FanoutMachine(RuleBasedStateMachine):
         self.h.settle()
         for cid, seq, recipients, policy in self.unchecked:
             # A: every accepted message is fully materialized.
-            rec = self.h.queries.delivery(T, cid, seq)
+            rec = self.h.queries.delivery(self.t, cid, seq)
             assert rec["mailbox_entries"] == recipients, (rec, recipients)
             assert rec["materialized_at"] is not None
             assert rec["write_policy"] == policy
@@ -324,9 +334,9 @@ class FanoutMachine(RuleBasedStateMachine):
     def create(self, cid: str, members: list[str]) -> None:
         if cid in self.model.convs:
             with pytest.raises(AlreadyExists):
-                self.h.app.create_conversation(T, cid, "", members)
+                self.h.app.create_conversation(self.t, cid, "", members)
             return
-        self.h.app.create_conversation(T, cid, f"title {cid}", members)
+        self.h.app.create_conversation(self.t, cid, f"title {cid}", members)
         c = self.model.convs[cid] = ConvModel(cid)
         c.join(members)  # creation is not an evaluation point
         self.settle()
@@ -339,10 +349,10 @@ class FanoutMachine(RuleBasedStateMachine):
         if len(c.members) + len(new) > PARAMS.max_group_members:
             before = self.h.log_top()
             with pytest.raises(GroupFull):
-                self.h.app.add_members(T, c.cid, users)
+                self.h.app.add_members(self.t, c.cid, users)
             assert self.h.log_top() == before
             return
-        out = self.h.app.add_members(T, c.cid, users)
+        out = self.h.app.add_members(self.t, c.cid, users)
         assert out["added"] == len(new)
         if new:
             c.join(new)
@@ -356,9 +366,9 @@ class FanoutMachine(RuleBasedStateMachine):
         u = data.draw(st.sampled_from(USERS), label="user")
         if u not in c.members:
             with pytest.raises(NotAMember):
-                self.h.app.remove_member(T, c.cid, u)
+                self.h.app.remove_member(self.t, c.cid, u)
             return
-        self.h.app.remove_member(T, c.cid, u)
+        self.h.app.remove_member(self.t, c.cid, u)
         c.leave(u)
         self.model.evaluate(c, self.now)
         self.settle()
@@ -423,19 +433,19 @@ class FanoutMachine(RuleBasedStateMachine):
             client_msg_id=cmid,
         )
         if cmid is not None and cmid in c.client_ids:
-            out = self.h.app.send_message(T, c.cid, **kwargs)
+            out = self.h.app.send_message(self.t, c.cid, **kwargs)
             assert out["conversation_seq"] == c.client_ids[cmid], "a retry must return the original seq"
             assert out.get("duplicate") is True
             assert self.h.log_top() == before, "a retried send appended events"
             return out
         if sender not in c.members:
             with pytest.raises(NotAMember):
-                self.h.app.send_message(T, c.cid, **kwargs)
+                self.h.app.send_message(self.t, c.cid, **kwargs)
             assert self.h.log_top() == before
             return NotAMember("")
         switch = self.model.decide(c, now)
         try:
-            out = self.h.app.send_message(T, c.cid, **kwargs)
+            out = self.h.app.send_message(self.t, c.cid, **kwargs)
         except (RateLimited, FanoutQuotaExceeded) as exc:
             # A: every rejection is explicit, with a retry hint, and writes nothing.
             assert isinstance(exc.details.get("retry_after_ms"), int) and exc.details["retry_after_ms"] >= 1, exc.details
@@ -523,7 +533,7 @@ class FanoutMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def alpha_update(self, data: st.DataObject) -> None:
         c = self.conv_of(data)
-        policy = self.h.app.evaluate_conversation(T, c.cid)
+        policy = self.h.app.evaluate_conversation(self.t, c.cid)
         self.model.evaluate(c, self.now)
         assert policy == c.policy
         self.settle()
@@ -539,13 +549,13 @@ class FanoutMachine(RuleBasedStateMachine):
     def enable_tier(self, bucket: str, decision: str, min_saving: float, ratio: float) -> None:
         """A review decided; only enable_mention_only enables the tier (and evaluates its scope)."""
         trigger = "manual" if decision == "enable_mention_only" else "T1"
-        rid = self.h.app.open_review(T, bucket, trigger, {}, "admin")["review_id"]
+        rid = self.h.app.open_review(self.t, bucket, trigger, {}, "admin")["review_id"]
         if decision != "enable_mention_only":
-            self.h.app.decide_review(T, rid, decision, "admin")
+            self.h.app.decide_review(self.t, rid, decision, "admin")
             self.settle()
             return
         self.fresh()  # the tier change evaluates its scope's conversations, read from the views
-        self.h.app.decide_review(T, rid, decision, "admin", min_saving, ratio)
+        self.h.app.decide_review(self.t, rid, decision, "admin", min_saving, ratio)
         self.model.tiers[bucket] = (min_saving, ratio)
         # a tier change is an evaluation point for the conversations of its scope
         for c in self.model.convs.values():
@@ -558,13 +568,13 @@ class FanoutMachine(RuleBasedStateMachine):
         state = self.model.tiers.get(bucket, "never")
         if state == "never":
             with pytest.raises(NotFound):
-                self.h.app.roll_back_tier(T, bucket, "admin", "test")
+                self.h.app.roll_back_tier(self.t, bucket, "admin", "test")
             return
         if state is None:
             with pytest.raises(Conflict):
-                self.h.app.roll_back_tier(T, bucket, "admin", "test")
+                self.h.app.roll_back_tier(self.t, bucket, "admin", "test")
             return
-        out = self.h.app.roll_back_tier(T, bucket, "admin", "test")
+        out = self.h.app.roll_back_tier(self.t, bucket, "admin", "test")
         self.model.tiers[bucket] = None
         expected = sorted(c.cid for c in self.model.convs.values() if c.policy == "mention_only" and c.scope == bucket)
         assert sorted(out["returned_to_always"]) == expected
@@ -592,9 +602,9 @@ class FanoutMachine(RuleBasedStateMachine):
             self.clients[(user, device)] = Client()
         client = self.clients.setdefault((user, device), Client())
         q = self.h.queries
-        sessions, _ = q.session_list(T, user)
+        sessions, _ = q.session_list(self.t, user)
         while True:
-            page = q.mailbox(T, user, client.cursor, 5)
+            page = q.mailbox(self.t, user, client.cursor, 5)
             for e in page["entries"]:
                 assert e["cursor"] > client.cursor
                 client.held.setdefault(e["conversation_id"], set()).add(e["conversation_seq"])
@@ -610,7 +620,7 @@ class FanoutMachine(RuleBasedStateMachine):
             after = delivered
             self.pulls += 1
             while True:
-                page = q.history(T, s["conversation_id"], user, after, 4)
+                page = q.history(self.t, s["conversation_id"], user, after, 4)
                 for m in page["messages"]:
                     client.held.setdefault(s["conversation_id"], set()).add(m["conversation_seq"])
                     after = m["conversation_seq"]
@@ -644,7 +654,7 @@ class FanoutMachine(RuleBasedStateMachine):
             seq = max(client.held[cid])
         c = self.model.convs[cid]
         self.fresh()  # coalescing compares with the read seq the views show
-        out = self.h.app.mark_read(T, cid, user, seq)
+        out = self.h.app.mark_read(self.t, cid, user, seq)
         # A MARK_READ that changes nothing (not ahead, activity recent) is coalesced (ADR-0009).
         last = c.members[user]
         coalesced = seq <= c.read[user] and last > 0.0 and self.now - last < WINDOW * READ_ACTIVITY_REFRESH
@@ -667,7 +677,7 @@ class FanoutMachine(RuleBasedStateMachine):
         if not c.members:
             return
         user = data.draw(st.sampled_from(sorted(c.members)), label="user")
-        self.h.app.request_rebuild(T, c.cid, user)
+        self.h.app.request_rebuild(self.t, c.cid, user)
         self.settle()
         if self.lag:
             return
@@ -681,7 +691,7 @@ class FanoutMachine(RuleBasedStateMachine):
         self.fresh()
 
     def session(self, user: str, cid: str) -> dict[str, Any]:
-        sessions, _ = self.h.queries.session_list(T, user)
+        sessions, _ = self.h.queries.session_list(self.t, user)
         found = [s for s in sessions if s["conversation_id"] == cid]
         assert len(found) == 1, sessions
         return found[0]
@@ -693,7 +703,7 @@ class FanoutMachine(RuleBasedStateMachine):
         if self.lag:
             return  # checked once the backlog is applied
         for cid, c in self.model.convs.items():
-            head = self.h.queries.head(T, cid)
+            head = self.h.queries.head(self.t, cid)
             assert head["latest_conversation_seq"] == c.latest
             assert head["member_count"] == len(c.members)
             assert head["size_bucket"] == c.bucket
@@ -705,7 +715,7 @@ class FanoutMachine(RuleBasedStateMachine):
         if self.lag:
             return  # checked once the backlog is applied
         for user in USERS:
-            sessions, big = self.h.queries.session_list(T, user)
+            sessions, big = self.h.queries.session_list(self.t, user)
             mine = {cid for cid, c in self.model.convs.items() if user in c.members}
             assert {s["conversation_id"] for s in sessions} == mine
             assert len(sessions) == len(mine)
@@ -733,7 +743,7 @@ class FanoutMachine(RuleBasedStateMachine):
             got: list[tuple[str, int, int]] = []
             after = 0
             while True:
-                page = self.h.queries.mailbox(T, user, after, 50)
+                page = self.h.queries.mailbox(self.t, user, after, 50)
                 got.extend((e["conversation_id"], e["conversation_seq"], e["flags"]) for e in page["entries"])
                 after = page["next_after"]
                 if not page["more"]:
@@ -772,7 +782,7 @@ class FanoutMachine(RuleBasedStateMachine):
                 elif isinstance(e, Conversation.WritePolicyChanged):
                     cid = self.names[e.originator_id]
                     if e.to_policy == "mention_only":
-                        assert self.h_tiers.get(Tier.create_id(T, e.size_bucket)), f"H: {cid} entered without a tier"
+                        assert self.h_tiers.get(Tier.create_id(self.t, e.size_bucket)), f"H: {cid} entered without a tier"
                     prev = self.h_last.get(e.originator_id)
                     if prev is not None and e.at - prev < MIN_INTERVAL:
                         assert e.to_policy == "always" and e.reason == "tier_rollback", (

@@ -1,0 +1,126 @@
+"""The hypothesis invariant machine of tests/integration/test_invariants_stateful.py (D, G,
+U, M, H, A against its reference model) on the DISTRIBUTED runtime: an API replica on
+PostgreSQL (with the machine's fake clock), `fanout relay` and `fanout worker` subprocesses,
+the views read back from Cassandra. The same rules, model and invariants; fewer examples
+(FANOUT_DISTRIBUTED_INVARIANT_EXAMPLES, default 6), each in a tenant of its own on one
+deployment shared by the module.
+
+What differs from the embedded machine: "settle" waits until the views hold the log (the
+relay and the worker run on their own, so "falling behind" only defers the checks), and
+"restart" closes the replica and opens a new one (the relay and the worker keep running)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from fanout.bootstrap import bootstrap_distributed
+from fanout.config import load_settings
+from fanout.distributed import DistributedRuntime
+from tests.distributed.cluster import Cluster, cluster_for, create_namespace, drop_namespace
+from tests.integration import test_invariants_stateful as inv
+from tests.integration.conftest import FakeClock
+
+pytestmark = pytest.mark.slow
+
+# The machine's parameters as every process of the deployment reads them (FANOUT_<NAME>).
+PARAMS_ENV = {
+    "FANOUT_MAX_GROUP_MEMBERS": "12",
+    "FANOUT_SMALL_MAX_MEMBERS": "4",
+    "FANOUT_MEDIUM_MAX_MEMBERS": "8",
+    "FANOUT_PER_CONVERSATION_MSG_RATE": "3/2/1",
+    "FANOUT_PER_SENDER_IN_CONVERSATION_RATE": "1/3s",
+    "FANOUT_TENANT_FANOUT_QUOTA_CAPACITY": "40",
+    "FANOUT_TENANT_FANOUT_QUOTA_REFILL": "4",
+    "FANOUT_ACTIVITY_WINDOW": "10s",
+    "FANOUT_POLICY_SWITCH_MIN_INTERVAL": "5s",
+    "FANOUT_MAILBOX_SHARDS": "4",
+    "FANOUT_PER_USER_COMMAND_RATE": "1000/s",
+    "FANOUT_PER_USER_COMMAND_BURST": "1000",
+}
+SETTLE_TIMEOUT = 60.0
+
+_deployment: Cluster | None = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def deployment(engines: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One database, topic and keyspace, with the relay and one worker, for every example."""
+    global _deployment
+    urls = create_namespace(engines, partitions=2, schema=True)
+    c = cluster_for(urls, tmp_path_factory.mktemp("invariants") / "logs", **PARAMS_ENV)
+    try:
+        assert load_settings({**c.urls, **c.settings_env}).params == inv.PARAMS, "PARAMS_ENV differs from PARAMS"
+        c.replica()  # the event store's tables, and the replica wait_workers watches
+        c.start("relay")
+        c.start("worker")
+        c.wait_workers(1)
+        _deployment = c
+        yield c
+    finally:
+        _deployment = None
+        c.close()
+        drop_namespace(urls)
+
+
+class DistributedHarness:
+    """The embedded machine's Harness, over an API replica of the distributed runtime."""
+
+    def __init__(self, cluster: Cluster, clock: FakeClock) -> None:
+        self.cluster = cluster
+        self.clock = clock
+        self.rt = self._open()
+
+    def _open(self) -> DistributedRuntime:
+        s = load_settings({**self.cluster.urls, **self.cluster.settings_env})
+        return bootstrap_distributed(replace(s, params=inv.PARAMS), clock=self.clock).start()
+
+    @property
+    def app(self):  # noqa: ANN201
+        return self.rt.app
+
+    @property
+    def queries(self):  # noqa: ANN201
+        return self.rt.queries
+
+    def settle(self) -> None:
+        """Until the views hold everything the log holds (the relay and the worker run apart)."""
+        if not self.rt.wait_projected(SETTLE_TIMEOUT):
+            logs = {n: self.cluster.log_of(n)[-1500:] for n in ("relay", "worker")}
+            raise AssertionError(f"views at {self.rt.position()}, log at {self.rt.log_position()}: {logs}")
+
+    def restart(self) -> None:
+        self.rt.close()
+        self.rt = self._open()
+        self.settle()
+
+    def log_top(self) -> int:
+        return int(self.rt.app.recorder.max_notification_id() or 0)
+
+    def close(self) -> None:
+        self.rt.close()
+
+
+class DistributedMachine(inv.FanoutMachine):
+    def tenant(self) -> str:
+        return f"t{uuid.uuid4().hex[:8]}"
+
+    def open_harness(self) -> Any:
+        assert _deployment is not None, "the module's deployment fixture did not run"
+        return DistributedHarness(_deployment, self.clock)
+
+
+DistributedMachine.TestCase.settings = settings(
+    max_examples=int(os.environ.get("FANOUT_DISTRIBUTED_INVARIANT_EXAMPLES", "6")),
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+TestInvariantsOnTheDistributedRuntime = DistributedMachine.TestCase
+
