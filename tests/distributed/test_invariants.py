@@ -2,7 +2,7 @@
 U, M, H, A against its reference model) on the DISTRIBUTED runtime: an API replica on
 PostgreSQL (with the machine's fake clock), `fanout relay` and `fanout worker` subprocesses,
 the views read back from Cassandra. The same rules, model and invariants; fewer examples
-(FANOUT_DISTRIBUTED_INVARIANT_EXAMPLES, default 6), each in a tenant of its own on one
+(FANOUT_DISTRIBUTED_INVARIANT_EXAMPLES, default 8), each in a tenant of its own on one
 deployment shared by the module.
 
 What differs from the embedded machine: "settle" waits until the views hold the log (the
@@ -24,26 +24,12 @@ from fanout.bootstrap import bootstrap_distributed
 from fanout.config import load_settings
 from fanout.distributed import DistributedRuntime
 from tests.distributed.cluster import Cluster, cluster_for, create_namespace, drop_namespace
+from tests.e2e.conftest import check_settings, params_env
 from tests.integration import test_invariants_stateful as inv
 from tests.integration.conftest import FakeClock
 
 pytestmark = pytest.mark.slow
 
-# The machine's parameters as every process of the deployment reads them (FANOUT_<NAME>).
-PARAMS_ENV = {
-    "FANOUT_MAX_GROUP_MEMBERS": "12",
-    "FANOUT_SMALL_MAX_MEMBERS": "4",
-    "FANOUT_MEDIUM_MAX_MEMBERS": "8",
-    "FANOUT_PER_CONVERSATION_MSG_RATE": "3/2/1",
-    "FANOUT_PER_SENDER_IN_CONVERSATION_RATE": "1/3s",
-    "FANOUT_TENANT_FANOUT_QUOTA_CAPACITY": "40",
-    "FANOUT_TENANT_FANOUT_QUOTA_REFILL": "4",
-    "FANOUT_ACTIVITY_WINDOW": "10s",
-    "FANOUT_POLICY_SWITCH_MIN_INTERVAL": "5s",
-    "FANOUT_MAILBOX_SHARDS": "4",
-    "FANOUT_PER_USER_COMMAND_RATE": "1000/s",
-    "FANOUT_PER_USER_COMMAND_BURST": "1000",
-}
 SETTLE_TIMEOUT = 60.0
 
 _deployment: Cluster | None = None
@@ -54,9 +40,9 @@ def deployment(engines: dict[str, str], tmp_path_factory: pytest.TempPathFactory
     """One database, topic and keyspace, with the relay and one worker, for every example."""
     global _deployment
     urls = create_namespace(engines, partitions=2, schema=True)
-    c = cluster_for(urls, tmp_path_factory.mktemp("invariants") / "logs", **PARAMS_ENV)
+    c = cluster_for(urls, tmp_path_factory.mktemp("invariants") / "logs", **params_env(inv.PARAMS))
     try:
-        assert load_settings({**c.urls, **c.settings_env}).params == inv.PARAMS, "PARAMS_ENV differs from PARAMS"
+        check_settings({**c.urls, **c.settings_env}, inv.PARAMS)
         c.replica()  # the event store's tables, and the replica wait_workers watches
         c.start("relay")
         c.start("worker")
@@ -117,8 +103,8 @@ class DistributedMachine(inv.FanoutMachine):
 
 
 DistributedMachine.TestCase.settings = settings(
-    max_examples=int(os.environ.get("FANOUT_DISTRIBUTED_INVARIANT_EXAMPLES", "6")),
-    stateful_step_count=25,
+    max_examples=int(os.environ.get("FANOUT_DISTRIBUTED_INVARIANT_EXAMPLES", "8")),
+    stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
