@@ -19,13 +19,18 @@ many more). The admission gates and the backpressure limits are opened wide.
    --members group is built through this process's own replica (bulk member adds).
 3. Burst: --messages sends one after another (over HTTP to `fanout serve` with --http, else
    through this process's replica), then entries/s = mailbox entries of the delivery records /
-   (latest materialized_at - the time the first send was issued).
-4. Latency: --latency-messages more, one at a time: accepted (the 201 received) ->
-   materialized_at of that message, and -> this process seeing the views hold it.
+   (the time this process's replica sees the views hold the last send - the time the first
+   send was issued); also by the latest materialized_at, which the Cassandra views stamp when
+   a unit of work starts its commit, i.e. before that unit's mailbox write (a unit holds up
+   to 200k entries: two 100k-member messages). The CPU each process used meanwhile, and the
+   driver's client floor (binding one message's batches without I/O, us per row).
+4. Latency: --latency-messages more, one at a time: accepted (the 201 received) -> this
+   process seeing the views hold it, and -> materialized_at of that message (see 3).
 5. The naive writer in the same run on the same Cassandra: for every member one prepared
    INSERT into the mailbox table plus one counter UPDATE (unread + 1) in a counter table,
    all through cassandra.concurrent.execute_concurrent (200 in flight), --naive-members
-   members (default: the whole group, nothing extrapolated), and the ratio.
+   members (default: the whole group, nothing extrapolated), and the ratio; then each of the two
+   statements alone on --naive-parts-members members.
 6. Peak memory of every process: relay, each worker, `fanout serve`, this process, the Kafka
    and Cassandra JVMs, PostgreSQL's processes (VmRSS sampled every 0.5 s, and VmHWM).
 
@@ -117,8 +122,9 @@ def client_floor(c: CassandraSettings, members: list[str]) -> str:
             f"a ceiling of {len(members) / best:,.0f} rows/s per worker process before any I/O")  # fmt: skip
 
 
-def naive_writer(c: CassandraSettings, members: list[str], messages: int) -> tuple[int, float]:
-    """One INSERT + one counter UPDATE per member, execute_concurrent; (entries, seconds)."""
+def naive_writer(c: CassandraSettings, members: list[str], messages: int, part: str) -> tuple[int, float]:
+    """One INSERT + one counter UPDATE per member (part "both"; "insert" or "counter": that
+    statement only), execute_concurrent; (entries, seconds)."""
     from cassandra.concurrent import execute_concurrent
 
     cluster, session = open_cluster(c.hosts, c.port, c.datacenter, c.consistency)
@@ -142,14 +148,16 @@ def naive_writer(c: CassandraSettings, members: list[str], messages: int) -> tup
 
         def statements(tenant: str, users: list[str], pos: int) -> Iterator[tuple[Any, Any]]:
             for u in users:
-                yield insert, (tenant, u, pos, pos, GROUP, 0)
-                yield bump, (tenant, u, GROUP)
+                if part != "counter":
+                    yield insert, (tenant, u, pos, pos, GROUP, 0)
+                if part != "insert":
+                    yield bump, (tenant, u, GROUP)
 
         execute_concurrent(session, statements("naive-warm", members[:2000], 1), concurrency=IN_FLIGHT,
                            raise_on_first_error=True)  # fmt: skip
         t = time.monotonic()
         for m in range(messages):
-            execute_concurrent(session, statements("naive", members, 10**12 + m), concurrency=IN_FLIGHT,
+            execute_concurrent(session, statements(f"naive-{part}", members, 10**12 + m), concurrency=IN_FLIGHT,
                                raise_on_first_error=True)  # fmt: skip
         return len(members) * messages, time.monotonic() - t
     finally:
@@ -168,6 +176,8 @@ def main() -> int:
     ap.add_argument("--preload-users", type=int, default=100_000, help="members per preload message")
     ap.add_argument("--naive-members", type=int, help="members the naive writer writes (default --members)")
     ap.add_argument("--naive-messages", type=int, default=1)
+    ap.add_argument("--naive-parts-members", type=int, default=20_000, help="members of the INSERT-only and "
+                    "counter-only runs that show where the naive writer's time goes")  # fmt: skip
     ap.add_argument("--keep", action="store_true", help="keep the database, topic and keyspace")
     ap.add_argument("--reuse", metavar="NAME", help="run on a namespace kept by --keep")
     args = ap.parse_args()
@@ -228,10 +238,12 @@ def main() -> int:
         records = [rt.queries.delivery(TENANT, GROUP, s["conversation_seq"]) for s in sent]
         last = max(float(r["materialized_at"]) for r in records)
         entries = sum(int(r["mailbox_entries"]) for r in records)
-        print(f"burst: {args.messages} sends accepted via {via} in {t_sent - t0:.2f} s; "
-              f"{entries:,} mailbox entries materialized {last - t0:.2f} s after the first send = "
-              f"{entries / (last - t0):,.0f} entries/s (this process saw the views hold the last at "
-              f"{t_views - t0:.2f} s)", flush=True)  # fmt: skip
+        rate = entries / (t_views - t0)
+        print(f"burst: {args.messages} sends accepted via {via} in {t_sent - t0:.2f} s; this process saw the views "
+              f"hold all {entries:,} mailbox entries {t_views - t0:.2f} s after the first send = {rate:,.0f} entries/s; "
+              f"latest materialized_at {last - t0:.2f} s after it = {entries / (last - t0):,.0f} entries/s "
+              "(materialized_at is stamped when a unit of work starts its commit, before its mailbox write)",
+              flush=True)  # fmt: skip
         print("  " + watch.cpu_report(cpu0, cpu1, t_views - t0), flush=True)
         print("  " + client_floor(c, members), flush=True)
 
@@ -246,18 +258,24 @@ def main() -> int:
             print(f"  latency message {n + 1}: accepted -> materialized_at {to_mat[-1]:.2f} s "
                   f"(-> views hold it {to_views[-1]:.2f} s; {record['mailbox_entries']:,} entries)", flush=True)  # fmt: skip
         if to_mat:
-            print(f"latency: accepted -> materialized_at p50 {statistics.median(to_mat):.2f} s, "
-                  f"max {max(to_mat):.2f} s (one {args.members:,}-member message at a time)", flush=True)  # fmt: skip
+            print(f"latency (one {args.members:,}-member message at a time): accepted -> views hold it p50 "
+                  f"{statistics.median(to_views):.2f} s, max {max(to_views):.2f} s; accepted -> materialized_at p50 "
+                  f"{statistics.median(to_mat):.2f} s, max {max(to_mat):.2f} s (stamped before the mailbox write)",
+                  flush=True)  # fmt: skip
 
         naive_members = members[: args.naive_members or len(members)]
-        n, seconds = naive_writer(c, naive_members, args.naive_messages)
+        n, seconds = naive_writer(c, naive_members, args.naive_messages, "both")
         naive = n / seconds
-        rate = entries / (last - t0)
         print(f"naive writer (per member: INSERT + counter UPDATE, execute_concurrent {IN_FLIGHT} in flight): "
               f"{n:,} entries in {seconds:.2f} s = {naive:,.0f} entries/s "
               f"({len(naive_members):,} members x {args.naive_messages} message(s), measured, not extrapolated)",
               flush=True)  # fmt: skip
         print(f"ratio: end to end {rate:,.0f} / naive {naive:,.0f} = {rate / naive:.1f}x", flush=True)
+        few = members[: min(len(members), args.naive_parts_members)]
+        for part in ("insert", "counter"):
+            n, seconds = naive_writer(c, few, 1, part)
+            print(f"  naive writer's parts apart, {len(few):,} members: {part} only {n / seconds:,.0f} statements/s",
+                  flush=True)  # fmt: skip
         print(watch.report(), flush=True)
     finally:
         watch.stop.set()
