@@ -447,15 +447,17 @@ class CassandraViews:
         with self._lock:
             w = CassandraWriter(parts, partition)
             yield w
-            self._commit(w, now if now is not None else time.time())
+            self._commit(w, now)
 
-    def _commit(self, w: CassandraWriter, at: float) -> None:
+    def _commit(self, w: CassandraWriter, now: float | None) -> None:
         s, ps = self.session, self._w
         # 1. mailbox entries (idempotent upserts, grouped UNLOGGED batches)
         for tenant, refs in w.mailbox:
             self.mailbox.write(tenant, refs)
         if w.mailbox:
             self.mailbox.flush()
+        # materialized_at: once every entry is written (as the SQLite and memory views stamp it)
+        at = now if now is not None else time.time()
         # 2. messages (and the broadcast index the working set loads)
         stmts: list[tuple[Any, Any]] = []
         for (tenant, cid, seq), m in w.messages.items():
