@@ -37,6 +37,7 @@ from projections.state import SessionHead, UserConversationState, sessions_by_tw
 
 BATCH_ROWS = 100  # rows per UNLOGGED batch
 IN_FLIGHT = 200  # requests in the air at once
+HEADS_PER_READ = 100  # conversation heads read by one request of the login's batched read
 TIMEOUT = 30.0  # seconds per request
 # The driver's default reconnection policy doubles its delay up to 600 s: after a Cassandra
 # restart of ~16 s the next attempt came ~15 s after the node was back (the worker's retried
@@ -380,6 +381,9 @@ class CassandraViews:
             "session_head": p(
                 f"SELECT {', '.join(SessionHead._fields)} FROM {ks}.heads WHERE tenant=? AND conversation_id=?"
             ),
+            "session_heads": p(
+                f"SELECT {', '.join(SessionHead._fields)} FROM {ks}.heads WHERE tenant=? AND conversation_id IN ?"
+            ),
             "by_aggregate": p(f"SELECT tenant, conversation_id FROM {ks}.heads_by_aggregate WHERE aggregate_id=?"),
             "by_tenant": p(f"SELECT conversation_id, size_bucket FROM {ks}.heads_by_tenant WHERE tenant=?"),
             "conv_states": p(f"SELECT * FROM {ks}.conversation_states WHERE tenant=? AND conversation_id=?"),
@@ -617,16 +621,18 @@ class CassandraViews:
         return dict(row) if row is not None else None
 
     def heads(self, tenant: str, conversation_ids: Sequence[str], batch: int) -> Iterator[list[SessionHead]]:
-        """One batched read: the heads' partitions read concurrently (token-aware)."""
-        results = execute_concurrent_with_args(
-            self.session, self._r["session_head"], [(tenant, c) for c in conversation_ids], concurrency=IN_FLIGHT
-        )
+        """One batched read: the heads' partitions, HEADS_PER_READ to a request (`IN` on the
+        partition key's last column), the requests concurrent. One request per head cost
+        about 0.4 ms of client time each: 1.9 s for a user in 5,000 conversations
+        (bench/cassandra_sessions.py)."""
+        ids = list(dict.fromkeys(conversation_ids))
+        chunks = [(tenant, ids[i : i + HEADS_PER_READ]) for i in range(0, len(ids), HEADS_PER_READ)]
+        results = execute_concurrent_with_args(self.session, self._r["session_heads"], chunks, concurrency=IN_FLIGHT)
         rows: list[SessionHead] = []
         for ok, result in results:
             if not ok:
                 raise result
-            row = result.one()
-            if row is not None:
+            for row in result:
                 rows.append(SessionHead(*(row[f] for f in SessionHead._fields)))
         rows.sort(key=lambda h: (-(h.last_activity_at or 0.0), h.conversation_id))
         for i in range(0, len(rows), batch):

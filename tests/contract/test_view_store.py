@@ -192,6 +192,22 @@ class ViewStoreContract:
             assert list(views.sessions(tenant, user, size)) == list(sessions_by_two_reads(views, tenant, user, size))
         assert [len(b) for b in views.sessions(T, "u", 3)] == [3, 1]
 
+    def test_a_user_in_hundreds_of_conversations_gets_each_head_once_in_activity_order(self, views: Any) -> None:
+        """More heads than one read request of a backend takes (Cassandra: 100 to an IN), and
+        one without a head."""
+        n = 250
+        with views.unit_of_work() as w:
+            for i in range(n):
+                cid = f"c{i:03d}"
+                w.put_head(T, cid, head(cid, latest=1, at=float((i * 7) % n)))
+                w.put_states(T, cid, [("u", fresh())])
+        asked = [f"c{i:03d}" for i in range(n)] + ["gone"]
+        got = [h.conversation_id for b in views.heads(T, asked, 40) for h in b]
+        assert len(got) == n and set(got) == {f"c{i:03d}" for i in range(n)}
+        ats = [h.last_activity_at for b in views.heads(T, asked, 40) for h in b]
+        assert ats == sorted(ats, reverse=True)
+        assert [len(b) for b in views.sessions(T, "u", 40)] == [40] * 6 + [10]
+
     def test_sessions_count_personal_mentions_and_carry_the_gap(self, views: Any) -> None:
         gap = UserConversationState(
             read_conversation_seq=2, joined_seq=0, delivered_conversation_seq=1, skipping=True, mention_seqs=[3, 5]
