@@ -23,6 +23,8 @@ Measured, each --repeats times after one warm-up, p50 / p90 / max:
   frame, whole list), and its two reads apart (CassandraViews.sessions =
   projections/state.py sessions_by_two_reads): the user's user_states partition, then one read
   of every head's partition, concurrently, sorted by last activity.
+  Also the CPU every process used meanwhile, and one head partition read alone (the same
+  path, one conversation at a time, 500 times).
 * GET /v1/me/sessions (the whole list in one HTTP answer).
 
 Prints numbers; asserts nothing.
@@ -137,6 +139,7 @@ def main() -> int:
         print(f"                            AUTH sent -> last batch   {ms(whole)}")
 
         q_first, q_whole, states_t, heads_t = [], [], [], []
+        cpu0, w0 = watch.cpu(), time.time()
         for r in range(args.repeats + 1):
             t0 = time.perf_counter()
             batches = rt.queries.session_batches(TENANT, USER)
@@ -155,10 +158,19 @@ def main() -> int:
                 q_whole.append(t2 - t0)
                 states_t.append(t3 - t2)
                 heads_t.append(t4 - t3)
+        cpu_line = watch.cpu_report(cpu0, watch.cpu(), time.time() - w0)
+        one = []
+        for i in range(min(args.conversations, 500)):
+            t0 = time.perf_counter()
+            for _ in rt.views.heads(TENANT, [f"c{i:05d}"], 1):
+                pass
+            one.append(time.perf_counter() - t0)
         print(f"  Queries on a replica      first frame               {ms(q_first)}")
         print(f"                            whole list                {ms(q_whole)}")
         print(f"    of which: user_states partition ({len(states):,} rows)  {ms(states_t)}")
         print(f"              {len(states):,} head partitions, concurrently  {ms(heads_t)}")
+        print(f"    one head partition read alone, {len(one)} times one after another: {ms(one)}")
+        print(f"    {cpu_line}", flush=True)
 
         http = Http(base, user_token(USER))
         got = []

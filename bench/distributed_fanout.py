@@ -40,6 +40,7 @@ Prints numbers; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -58,6 +59,7 @@ from distributed_common import (  # noqa: E402
     MemoryWatch,
     Namespace,
     exit_on_sigterm,
+    proc_status,
     wait_workers,
     watch_fleet,
 )
@@ -263,6 +265,9 @@ def main() -> int:
                   f"{statistics.median(to_mat):.2f} s, max {max(to_mat):.2f} s (stamped before the mailbox write)",
                   flush=True)  # fmt: skip
 
+        mine = proc_status(os.getpid())
+        print(f"this process before the naive writer: VmRSS {mine.get('VmRSS', 0) / 1024:,.0f} MiB, "
+              f"VmHWM {mine.get('VmHWM', 0) / 1024:,.0f} MiB", flush=True)  # fmt: skip
         naive_members = members[: args.naive_members or len(members)]
         n, seconds = naive_writer(c, naive_members, args.naive_messages, "both")
         naive = n / seconds
