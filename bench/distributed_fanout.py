@@ -20,9 +20,10 @@ many more). The admission gates and the backpressure limits are opened wide.
 3. Burst: --messages sends one after another (over HTTP to `fanout serve` with --http, else
    through this process's replica), then entries/s = mailbox entries of the delivery records /
    (the time this process's replica sees the views hold the last send - the time the first
-   send was issued); also by the latest materialized_at, which the Cassandra views stamp when
-   a unit of work starts its commit, i.e. before that unit's mailbox write (a unit holds up
-   to 200k entries: two 100k-member messages). The CPU each process used meanwhile, and the
+   send was issued); also by the latest materialized_at, which the Cassandra views stamp once
+   a unit of work's mailbox entries are written (since commit 9194b1f; before it, when the
+   commit started: a unit holds up to 200k entries, two 100k-member messages, so that was
+   seconds early). The CPU each process used meanwhile, and the
    driver's client floor (binding one message's batches without I/O, us per row).
 4. Latency: --latency-messages more, one at a time: accepted (the 201 received) -> this
    process seeing the views hold it, and -> materialized_at of that message (see 3).
@@ -244,7 +245,7 @@ def main() -> int:
         print(f"burst: {args.messages} sends accepted via {via} in {t_sent - t0:.2f} s; this process saw the views "
               f"hold all {entries:,} mailbox entries {t_views - t0:.2f} s after the first send = {rate:,.0f} entries/s; "
               f"latest materialized_at {last - t0:.2f} s after it = {entries / (last - t0):,.0f} entries/s "
-              "(materialized_at is stamped when a unit of work starts its commit, before its mailbox write)",
+              "(materialized_at: stamped once a unit of work's mailbox entries are written)",
               flush=True)  # fmt: skip
         print("  " + watch.cpu_report(cpu0, cpu1, t_views - t0), flush=True)
         print("  " + client_floor(c, members), flush=True)
@@ -262,7 +263,7 @@ def main() -> int:
         if to_mat:
             print(f"latency (one {args.members:,}-member message at a time): accepted -> views hold it p50 "
                   f"{statistics.median(to_views):.2f} s, max {max(to_views):.2f} s; accepted -> materialized_at p50 "
-                  f"{statistics.median(to_mat):.2f} s, max {max(to_mat):.2f} s (stamped before the mailbox write)",
+                  f"{statistics.median(to_mat):.2f} s, max {max(to_mat):.2f} s (stamped after the mailbox write)",
                   flush=True)  # fmt: skip
 
         mine = proc_status(os.getpid())
