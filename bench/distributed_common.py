@@ -81,42 +81,9 @@ class Namespace:
 
     def drop(self) -> list[str]:
         """Everything of the namespace; returns what could not be dropped."""
-        failed = []
-        try:
-            import psycopg
+        from cli.demo import drop_namespace
 
-            with psycopg.connect(self.admin, autocommit=True, connect_timeout=5) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
-        except Exception as exc:
-            failed.append(f"database {self.name}: {exc}")
-        try:
-            from confluent_kafka.admin import AdminClient
-
-            from fanout.urls import kafka_settings
-
-            admin = AdminClient({"bootstrap.servers": kafka_settings(self.urls["FANOUT_LOG"]).bootstrap})
-            for f in admin.delete_topics([self.name, f"{self.name}.pushes"], operation_timeout=30).values():
-                try:
-                    f.result(timeout=30)
-                except Exception as exc:
-                    if "UNKNOWN_TOPIC" not in str(exc):
-                        raise
-        except Exception as exc:
-            failed.append(f"topic {self.name}: {exc}")
-        try:
-            from cassandra.cluster import Cluster
-
-            from fanout.urls import cassandra_settings
-
-            c = cassandra_settings(self.urls["FANOUT_VIEWS"])
-            cluster = Cluster(list(c.hosts), port=c.port, protocol_version=5)
-            try:
-                cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {c.keyspace}", timeout=300)
-            finally:
-                cluster.shutdown()
-        except Exception as exc:
-            failed.append(f"keyspace {self.name}: {exc}")
-        return failed
+        return drop_namespace(self.admin, self.name, self.urls, keyspace_timeout=300)
 
 
 def exit_on_sigterm() -> None:

@@ -604,42 +604,49 @@ class _Namespace:
 
     def drop(self) -> list[str]:
         """Drop the database, the topics and the keyspace; returns what could not be dropped."""
-        failed = []
-        try:
-            import psycopg
+        return drop_namespace(self._admin(), self.name, self.urls)
 
-            with psycopg.connect(self._admin(), autocommit=True, connect_timeout=5) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
-        except Exception as exc:
-            failed.append(f"database {self.name}: {exc}")
-        try:
-            from confluent_kafka.admin import AdminClient
 
-            from fanout.urls import kafka_settings
+def drop_namespace(admin: str, name: str, urls: dict[str, str], *, keyspace_timeout: float = 120) -> list[str]:
+    """Drop the PostgreSQL database `name` (through the `admin` database URL), the Kafka topic
+    `name` and its .pushes topic, and the Cassandra keyspace of urls["FANOUT_VIEWS"]; returns
+    what could not be dropped (also used by bench/distributed_common.py)."""
+    failed = []
+    try:
+        import psycopg
 
-            admin = AdminClient({"bootstrap.servers": kafka_settings(self.urls["FANOUT_LOG"]).bootstrap})
-            for f in admin.delete_topics([self.name, f"{self.name}.pushes"], operation_timeout=30).values():
-                try:
-                    f.result(timeout=30)
-                except Exception as exc:  # a topic never created: nothing to drop
-                    if "UNKNOWN_TOPIC" not in str(exc):
-                        raise
-        except Exception as exc:
-            failed.append(f"topic {self.name}: {exc}")
-        try:
-            from cassandra.cluster import Cluster
+        with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    except Exception as exc:
+        failed.append(f"database {name}: {exc}")
+    try:
+        from confluent_kafka.admin import AdminClient
 
-            from fanout.urls import cassandra_settings
+        from fanout.urls import kafka_settings
 
-            c = cassandra_settings(self.urls["FANOUT_VIEWS"])
-            cluster = Cluster(list(c.hosts), port=c.port, protocol_version=5)
+        topics = AdminClient({"bootstrap.servers": kafka_settings(urls["FANOUT_LOG"]).bootstrap})
+        for f in topics.delete_topics([name, f"{name}.pushes"], operation_timeout=30).values():
             try:
-                cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {c.keyspace}", timeout=120)
-            finally:
-                cluster.shutdown()
-        except Exception as exc:
-            failed.append(f"keyspace {self.name}: {exc}")
-        return failed
+                f.result(timeout=30)
+            except Exception as exc:  # a topic never created: nothing to drop
+                if "UNKNOWN_TOPIC" not in str(exc):
+                    raise
+    except Exception as exc:
+        failed.append(f"topic {name}: {exc}")
+    try:
+        from cassandra.cluster import Cluster
+
+        from fanout.urls import cassandra_settings
+
+        c = cassandra_settings(urls["FANOUT_VIEWS"])
+        cluster = Cluster(list(c.hosts), port=c.port, protocol_version=5)
+        try:
+            cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {c.keyspace}", timeout=keyspace_timeout)
+        finally:
+            cluster.shutdown()
+    except Exception as exc:
+        failed.append(f"keyspace {name}: {exc}")
+    return failed
 
 
 class _Processes:
