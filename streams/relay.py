@@ -289,6 +289,9 @@ def _position_consumer(bootstrap: str) -> Consumer:
             "allow.auto.create.topics": False,
             "fetch.max.bytes": MAX_RECORD_BYTES * 2,
             "max.partition.fetch.bytes": MAX_RECORD_BYTES,
+            # It reads to the end and stops: a fetch parked at the end for the default 500 ms
+            # would hold the next call's metadata request (same connection) that long.
+            "fetch.wait.max.ms": 10,
             "socket.connection.setup.timeout.ms": 10_000,
             "logger": rdkafka_log,
         }
@@ -362,7 +365,7 @@ def _last_positions(
         while done != set(pending):
             if time.monotonic() > deadline:
                 raise RelayError(f"reading the end of {topic} took longer than {timeout:.0f}s")
-            for m in consumer.consume(1000, 0.5):
+            for m in consumer.consume(1000, 0.05):  # returns at the timeout when fewer arrive
                 part = m.partition()
                 err = m.error()
                 if part is None or part not in pending:

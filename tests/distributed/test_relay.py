@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -499,14 +500,14 @@ def test_the_subscription_start_window_is_closed(store: tuple[str, dict[str, str
         # and end to end: the relay with that window, no write after it
         closed = _write_before_listen(relay_module._Subscription, w.send)
         original = relay_module._Subscription
-        relay_module._Subscription = closed  # type: ignore[misc]
+        relay_module._Subscription = closed
         try:
             relay = RelayThread(env, kafka)
             wait_for(closed.written.is_set, 30, "the start-window write")
             wait_for(lambda: relay.relay.position == w.top(), 10, "the relay to relay the start-window events")
             relay.stop()
         finally:
-            relay_module._Subscription = original  # type: ignore[misc]
+            relay_module._Subscription = original
         check_exactly_once(read_topic(kafka), store_positions(url), kafka.partitions)
     finally:
         w.close()
@@ -560,4 +561,242 @@ def test_an_abandoned_transaction_is_aborted_and_never_counted(
         assert hidden == 3000 + kafka.partitions
         del zombie
     finally:
+        w.close()
+
+
+# -- f. a relay paused mid-transaction while another takes over (issue 11, item 3) ---------------
+
+
+class PositionSampler:
+    """relayed_position read every `every` s in a thread (its own long-lived consumer): the
+    samples must never go down, whoever relays."""
+
+    def __init__(self, k: KafkaSettings, every: float = 0.2) -> None:
+        self.k = k
+        self.every = every
+        self.samples: list[int] = []
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        consumer = relay_module.position_consumer(self.k.bootstrap)
+        try:
+            while not self._stop.is_set():
+                try:
+                    # a small first window (widened x8 when it holds no committed record): quick samples
+                    position = relayed_position(self.k.bootstrap, self.k.topic, consumer=consumer, window=64)
+                    self.samples.append(position)
+                except relay_module.RelayError as exc:  # counted, not fatal: the checks below say
+                    self.errors.append(exc)
+                self._stop.wait(self.every)
+        finally:
+            consumer.close()
+
+    @property
+    def latest(self) -> int:
+        return self.samples[-1] if self.samples else 0
+
+    def wait_beyond(self, position: int, timeout: float, what: str) -> None:
+        wait_for(lambda: self.latest > position, timeout, what)
+
+    def stop(self) -> list[int]:
+        self._stop.set()
+        self._thread.join(30)
+        return self.samples
+
+
+class OpenTransactions:
+    """Whether the topic holds records of a transaction not committed yet: a partition's
+    high watermark (what read_uncommitted sees) beyond its last stable offset (where
+    read_committed stops). With one relay producing, an open transaction is that relay's."""
+
+    def __init__(self, k: KafkaSettings) -> None:
+        self.k = k
+        conf = {"bootstrap.servers": k.bootstrap, "enable.auto.commit": False}
+        self.committed = Consumer({**conf, "group.id": "lso-probe", "isolation.level": "read_committed"})
+        self.uncommitted = Consumer({**conf, "group.id": "hw-probe", "isolation.level": "read_uncommitted"})
+
+    def open(self) -> list[int]:
+        out = []
+        for p in range(self.k.partitions):
+            tp = TopicPartition(self.k.topic, p)
+            lso = self.committed.get_watermark_offsets(tp, timeout=5)[1]
+            hw = self.uncommitted.get_watermark_offsets(tp, timeout=5)[1]
+            if hw > lso:
+                out.append(p)
+        return out
+
+    def close(self) -> None:
+        self.committed.close()
+        self.uncommitted.close()
+
+
+def pause_mid_transaction(proc: subprocess.Popen[bytes], probe: OpenTransactions, rnd: random.Random) -> bool:
+    """SIGSTOP `proc` at a moment its transaction is open in the broker (records flushed,
+    not committed; still open 0.2 s into the pause, so not a commit finishing): pause,
+    look, resume and try again a few ms later if not. True when caught mid-transaction;
+    False (paused anyway) when 200 tries never caught one."""
+    for _ in range(200):
+        proc.send_signal(signal.SIGSTOP)
+        if probe.open():
+            time.sleep(0.2)
+            if probe.open():
+                return True
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(rnd.uniform(0.0, 0.03))
+    proc.send_signal(signal.SIGSTOP)
+    return False
+
+
+def check_partition_order(seen: list[Seen], partitions: int) -> None:
+    """In each partition, in offset order as read_committed sees it: event positions strictly
+    increase and no record (event or watermark) has a position below one before it."""
+    for p in range(partitions):
+        mine = sorted((s for s in seen if s.partition == p), key=lambda s: s.offset)
+        last_event = last_any = 0
+        for s in mine:
+            pos = s.record.position
+            assert pos >= last_any, f"partition {p} offset {s.offset}: position {pos} after {last_any}"
+            if isinstance(s.record, EventRecord):
+                assert pos > last_event, f"partition {p} offset {s.offset}: event {pos} after event {last_event}"
+                last_event = pos
+            last_any = pos
+
+
+@pytest.mark.parametrize("variant", ["resume_after_takeover", "resume_during_takeover", "successor_stopped_first"])
+def test_a_relay_paused_mid_transaction_is_fenced_by_its_successor(
+    store: tuple[str, dict[str, str]], kafka: KafkaSettings, tmp_path: Path, variant: str
+) -> None:
+    """Relay A is SIGSTOPped while its transaction is open (a GC pause, a VM stall), relay
+    B starts (the operator's replacement, or A's restart on another node) while a writer
+    keeps appending. Three rounds per variant, each round's B the next round's A:
+
+    * resume_after_takeover: A resumes once B has committed transactions of its own;
+    * resume_during_takeover: A resumes at a random moment of B's start-up (before, during
+      or after B's init_transactions), so A may commit more before B fences it;
+    * successor_stopped_first: B relays, exits (SIGTERM) before A resumes; A must still
+      not publish; a third relay takes over.
+
+    Each A must exit 1 with the fenced line; relayed_position, sampled every 0.2 s
+    throughout, never goes down; read_committed sees every position exactly once, each
+    partition's records in position order."""
+    url, env = store
+    seed = int(os.environ.get("FANOUT_TEST_SEED", random.randrange(1 << 30)))
+    rnd = random.Random(seed)
+    print(f"{variant}: seed {seed} (FANOUT_TEST_SEED={seed} repeats it)")
+    w = Writer(env)
+    for _ in range(8):
+        w.conversation()
+    stop_writing = threading.Event()
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            while not stop_writing.is_set():
+                for _ in range(5):
+                    w.send()
+                time.sleep(0.002)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    writer = threading.Thread(target=write, daemon=True)
+    probe = OpenTransactions(kafka)
+    sampler: PositionSampler | None = None
+    logs: dict[str, Path] = {}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(name: str) -> subprocess.Popen[bytes]:
+        logs[name] = tmp_path / f"{name}.log"
+        procs[name] = relay_process(url, kafka, logs[name])
+        return procs[name]
+
+    def took_over(name: str) -> bool:
+        return "took over in" in logs[name].read_text(errors="replace")
+
+    def start_position(name: str) -> int:
+        found = re.search(r"relayed position (\d+)", logs[name].read_text(errors="replace"))
+        assert found, logs[name].read_text(errors="replace")[-2000:]
+        return int(found.group(1))
+
+    def fenced(name: str, timeout: float = 30.0) -> None:
+        code = procs[name].wait(timeout)
+        text = logs[name].read_text(errors="replace")
+        assert code == 1, f"{name} exited {code}: {text[-2000:]}"
+        assert "fanout: error: fenced: another relay took over transactional id" in text, text[-2000:]
+        assert "Traceback" not in text, text[-3000:]
+
+    caught: list[bool] = []
+    try:
+        writer.start()
+        active = "r0"
+        start(active)
+        wait_for(lambda: took_over(active), 60, f"{active} to start")
+        sampler = PositionSampler(kafka)
+        for i in range(1, 4):
+            sampler.wait_beyond(w.top() - 1 if sampler.latest == 0 else sampler.latest, 30, f"{active} relaying")
+            a, b = active, f"r{i}"
+            caught.append(pause_mid_transaction(procs[a], probe, rnd))
+            at_pause = sampler.latest
+            start(b)
+            if variant == "resume_during_takeover":
+                time.sleep(rnd.uniform(0.0, 3.0))
+                procs[a].send_signal(signal.SIGCONT)
+            wait_for(lambda b=b: took_over(b), 60, f"{b} to take over")
+            assert start_position(b) >= at_pause, f"seed {seed}: {b} starts at {start_position(b)} < {at_pause}"
+            sampler.wait_beyond(at_pause, 30, f"{b} committing")
+            if variant == "resume_after_takeover":
+                procs[a].send_signal(signal.SIGCONT)
+            elif variant == "successor_stopped_first":
+                procs[b].send_signal(signal.SIGTERM)
+                assert procs[b].wait(20) == 0, logs[b].read_text()[-2000:]
+                stopped_at = relayed_position(kafka.bootstrap, kafka.topic)  # nobody relays now
+                procs[a].send_signal(signal.SIGCONT)
+                time.sleep(1.0)  # A is running, the writer writing: A must not commit anything
+                fenced(a)
+                assert relayed_position(kafka.bootstrap, kafka.topic) == stopped_at
+                b = f"r{i}b"
+                start(b)
+                wait_for(lambda b=b: took_over(b), 60, f"{b} to take over")
+                assert start_position(b) == stopped_at, f"seed {seed}: {b} starts at {start_position(b)}"
+            fenced(a)
+            active = b
+        stop_writing.set()
+        writer.join(30)
+        assert not errors, errors
+        top = w.top()
+        sampler.wait_beyond(top - 1, 60, f"position {top} in the topic")
+        procs[active].send_signal(signal.SIGTERM)
+        assert procs[active].wait(20) == 0, logs[active].read_text()[-2000:]
+        samples = sampler.stop()
+        downs = [(x, y) for x, y in zip(samples, samples[1:], strict=False) if y < x]
+        assert not downs, f"seed {seed}: relayed position went down: {downs[:5]}"
+        assert not sampler.errors, sampler.errors[:3]
+        seen = read_topic(kafka)
+        expected = store_positions(url)
+        check_exactly_once(seen, expected, kafka.partitions, seed)
+        check_partition_order(seen, kafka.partitions)
+        aborted = len(read_topic(kafka, isolation="read_uncommitted")) - len(seen)
+        print(
+            f"{variant} seed {seed}: {len(expected)} events exactly once, {len(samples)} position samples "
+            f"(never down), paused mid-transaction in {sum(caught)} of {len(caught)} rounds, "
+            f"{aborted} records of aborted transactions hidden"
+        )
+        assert sum(caught) >= 2, f"seed {seed}: caught mid-transaction in only {caught}"
+        assert aborted > 0
+    except BaseException:
+        for name, path in logs.items():
+            print(f"--- {name} ---\n{path.read_text(errors='replace')[-2500:] if path.exists() else ''}")
+        raise
+    finally:
+        stop_writing.set()
+        if sampler is not None:
+            sampler.stop()
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+                p.wait(10)
+        probe.close()
         w.close()
