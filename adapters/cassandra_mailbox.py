@@ -4,7 +4,8 @@ One table, partition (tenant, user_id), clustering pos: a user's inbox query is 
 partition read. A message to N members is written as UNLOGGED batches of BATCH_ROWS
 rows (consecutive members of a MailboxShard list) with up to IN_FLIGHT batches in the
 air, never one round trip per member. Every row is an upsert of the same key (tenant,
-user, pos) with the same values, so writing the same refs again changes nothing.
+user, pos) with the same values and the same write timestamp (the message's log position,
+adapters/cassandra_stamps.py), so writing the same refs again changes nothing.
 docs/adr/0014-cassandra-data-model.md."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from cassandra.io.asyncioreactor import AsyncioConnection
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
 from cassandra.query import BatchStatement, BatchType, PreparedStatement, dict_factory
 
+from adapters.cassandra_stamps import stamp
 from projections.ports import MailboxEntry, MessageRefs
 
 BATCH_ROWS = 100  # rows per UNLOGGED batch (100 x ~60 bytes: far below the 64 KiB size warning)
@@ -139,7 +141,7 @@ class CassandraMailbox:
         ks = keyspace
         self._insert: PreparedStatement = session.prepare(
             f"INSERT INTO {ks}.mailbox (tenant, user_id, pos, conversation_seq, conversation_id, flags) "
-            "VALUES (?, ?, ?, ?, ?, ?)"
+            "VALUES (?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"  # the message's log position (cassandra_stamps)
         )
         self._read: PreparedStatement = session.prepare(
             f"SELECT pos, conversation_seq, conversation_id, flags FROM {ks}.mailbox "
@@ -186,12 +188,13 @@ class CassandraMailbox:
         """UNLOGGED batches of BATCH_ROWS rows: consecutive members of each shard list."""
         insert, special, flags = self._insert, refs.special, refs.flags
         pos, seq, cid = refs.pos, refs.seq, refs.conversation_id
+        ts = stamp(pos)
         for shard in sorted(refs.shards):
             users = refs.shards[shard]
             for i in range(0, len(users), BATCH_ROWS):
                 batch = BatchStatement(batch_type=BatchType.UNLOGGED)
                 for u in users[i : i + BATCH_ROWS]:
-                    batch.add(insert, (tenant, u, pos, seq, cid, special.get(u, flags)))
+                    batch.add(insert, (tenant, u, pos, seq, cid, special.get(u, flags), ts))
                 yield batch
 
     def write(self, tenant: str, refs: MessageRefs) -> int:

@@ -31,6 +31,7 @@ from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent
 from cassandra.query import PreparedStatement, SimpleStatement
 
+from adapters.cassandra_stamps import RANK_REBUILD, stamp
 from projections.ports import StaleAside, StoreDiff
 
 # The tables each part of the views writes (the mailbox is a table of the keyspace here).
@@ -175,6 +176,10 @@ class CassandraAsideBuilds:
         positions are not `expect` (the views moved since the build started)."""
         if self.positions() != expect:
             raise StaleAside("the live views moved during the rebuild (a worker ran?); nothing was switched")
+        # Every merged write is stamped just above position P (the one position the views stand
+        # at): it replaces what the units up to P wrote and loses to any unit after P, so a
+        # worker started during the merge is never overwritten (adapters/cassandra_stamps.py).
+        ts = stamp(max(expect.values(), default=0), RANK_REBUILD)
         out: dict[str, Merged] = {}
         for name in tables:
             table = self._table(name)
@@ -185,7 +190,7 @@ class CassandraAsideBuilds:
             deletes: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
             for live, new in self._merge(table, rebuilt, progress):
                 if new is None:
-                    deletes.append((delete, tuple(live[k] for k in table.keys)))  # type: ignore[index]
+                    deletes.append((delete, (ts, *(live[k] for k in table.keys))))  # type: ignore[index]
                     continue
                 m.rows += 1
                 if live is not None and _same(table, live, new):
@@ -193,7 +198,7 @@ class CassandraAsideBuilds:
                 row = dict(new)
                 if live is not None:
                     row.update({c: live[c] for c in table.runtime})
-                upserts.append((insert, tuple(_bound(row[c]) for c in table.columns)))
+                upserts.append((insert, (*(_bound(row[c]) for c in table.columns), ts)))
                 if len(upserts) >= FETCH:
                     self._run(upserts)
                     m.upserted += len(upserts)
@@ -285,12 +290,13 @@ class CassandraAsideBuilds:
     def _insert(self, table: Table) -> PreparedStatement:
         cols = table.columns
         return self.session.prepare(
-            f"INSERT INTO {self.keyspace}.{table.name} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+            f"INSERT INTO {self.keyspace}.{table.name} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
+            "USING TIMESTAMP ?"
         )
 
     def _delete(self, table: Table) -> PreparedStatement:
         where = " AND ".join(f"{k}=?" for k in table.keys)
-        return self.session.prepare(f"DELETE FROM {self.keyspace}.{table.name} WHERE {where}")
+        return self.session.prepare(f"DELETE FROM {self.keyspace}.{table.name} USING TIMESTAMP ? WHERE {where}")
 
     def _run(self, statements: list[tuple[PreparedStatement, tuple[Any, ...]]]) -> None:
         if statements:

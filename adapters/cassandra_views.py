@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import socket
 import threading
 import time
 import uuid
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
 from typing import Any
@@ -31,12 +33,14 @@ from cassandra.io.asyncioreactor import AsyncioConnection
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
 from cassandra.query import BatchStatement, BatchType, PreparedStatement, dict_factory
 
-from projections.ports import ALL_PARTS, MailboxEntry, MailboxStore, MessageRefs
+from adapters.cassandra_stamps import stamp
+from projections.ports import ALL_PARTS, LogPosition, MailboxEntry, MailboxStore, MessageRefs
 from projections.state import Session as LoginSession
 from projections.state import SessionHead, UserConversationState, sessions_by_two_reads
 
 BATCH_ROWS = 100  # rows per UNLOGGED batch
 IN_FLIGHT = 200  # requests in the air at once
+PUSH_COUNTS_KEPT = 10_000  # messages whose push count a replica remembers (a message is pushed at once)
 HEADS_PER_READ = 100  # conversation heads read by one request of the login's batched read
 TIMEOUT = 30.0  # seconds per request
 # The driver's default reconnection policy doubles its delay up to 600 s: after a Cassandra
@@ -123,6 +127,13 @@ TABLES = [
     PRIMARY KEY (tier_id)) WITH ID = {id}""",
     """CREATE TABLE IF NOT EXISTS {ks}.capacity (projection text, body text,
     PRIMARY KEY (projection)) WITH ID = {id}""",
+    # online pushes: one row per replica that pushed the message (summed on read: exact across replicas)
+    """CREATE TABLE IF NOT EXISTS {ks}.delivery_pushes (tenant text, conversation_id text, conversation_seq bigint,
+    pusher text, pushes bigint,
+    PRIMARY KEY ((tenant, conversation_id), conversation_seq, pusher)) WITH ID = {id}""",
+    # where each log partition's views stand: the position and the next Kafka offset to read
+    """CREATE TABLE IF NOT EXISTS {ks}.log_positions (partition int, position bigint, next_offset bigint,
+    PRIMARY KEY (partition)) WITH ID = {id}""",
 ]
 
 
@@ -226,6 +237,10 @@ class CassandraWriter:
         self.mailbox: list[tuple[str, MessageRefs]] = []
         self.mailbox_entries = 0
         self.positions: dict[tuple[str, int], int] = {}
+        self.log_positions: dict[int, tuple[int, int]] = {}  # partition -> (position, next offset)
+        # Called with the next step's name between the steps of the commit (the host's fencing
+        # check and fault-injection points); an exception there ends the commit.
+        self.checkpoint: Callable[[str], None] | None = None
         self.heads: dict[tuple[str, str], dict[str, Any]] = {}
         self.messages: dict[tuple[str, str, int], dict[str, Any]] = {}
         self.deliveries: dict[tuple[str, str, int], dict[str, Any]] = {}
@@ -237,6 +252,19 @@ class CassandraWriter:
 
     def track(self, projection: str, position: int, partition: int = 0) -> None:
         self.positions[(projection, partition)] = position
+
+    def track_log(self, partition: int, position: int, next_offset: int) -> None:
+        self.log_positions[partition] = (position, next_offset)
+
+    def stamp(self) -> int:
+        """The write timestamp of this unit's rows: its log position's stamp; a unit that
+        tracks no position (not from the log) gets the wall clock, below every stamp."""
+        top = max([*self.positions.values(), *(p for p, _ in self.log_positions.values())], default=None)
+        return stamp(top) if top is not None else time.time_ns() // 1000
+
+    def step(self, name: str) -> None:
+        if self.checkpoint is not None:
+            self.checkpoint(name)
 
     def put_capacity(self, name: str, body: dict[str, Any]) -> None:
         self.capacity[name] = _json(body)
@@ -319,60 +347,76 @@ class CassandraViews:
         self.mailbox: MailboxStore = mailbox
         self.partitions = partitions
         self._cluster = cluster
-        self._lock = threading.Lock()  # one unit of work at a time; record_pushes' read-modify-write
+        self._lock = threading.Lock()  # one unit of work at a time
+        self._pushes_lock = threading.Lock()
+        self._pushed: dict[tuple[str, str, int], int] = {}  # this replica's push counts, the latest kept
+        self.pusher = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._written = 0  # the last review write stamp (reviews are listed in write order)
         ks = keyspace
         p = session.prepare
         state_cols = ", ".join(STATE_COLUMNS)
         state_marks = ", ".join("?" * len(STATE_COLUMNS))
+        ts = "USING TIMESTAMP ?"  # every write of a unit: its log position's stamp (cassandra_stamps)
         self._w: dict[str, PreparedStatement] = {
-            "track": p(f"INSERT INTO {ks}.tracking (projection, partition, position) VALUES (?, ?, ?)"),
+            "track": p(f"INSERT INTO {ks}.tracking (projection, partition, position) VALUES (?, ?, ?) {ts}"),
+            "log_position": p(
+                f"INSERT INTO {ks}.log_positions (partition, position, next_offset) VALUES (?, ?, ?) {ts}"
+            ),
             "head": p(
                 f"INSERT INTO {ks}.heads (tenant, conversation_id, {', '.join(HEAD_COLUMNS)}) "
-                f"VALUES (?, ?, {', '.join('?' * len(HEAD_COLUMNS))})"
+                f"VALUES (?, ?, {', '.join('?' * len(HEAD_COLUMNS))}) {ts}"
             ),
             "by_aggregate": p(
-                f"INSERT INTO {ks}.heads_by_aggregate (aggregate_id, tenant, conversation_id) VALUES (?, ?, ?)"
+                f"INSERT INTO {ks}.heads_by_aggregate (aggregate_id, tenant, conversation_id) VALUES (?, ?, ?) {ts}"
             ),
-            "by_tenant": p(f"INSERT INTO {ks}.heads_by_tenant (tenant, conversation_id, size_bucket) VALUES (?, ?, ?)"),
+            "by_tenant": p(
+                f"INSERT INTO {ks}.heads_by_tenant (tenant, conversation_id, size_bucket) VALUES (?, ?, ?) {ts}"
+            ),
             "message": p(
                 f"INSERT INTO {ks}.messages (tenant, conversation_id, conversation_seq, message_id, sender, text, "
-                "mentions, mention_all, reply_to_seq, announcement, sent_at, pos) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                f"mentions, mention_all, reply_to_seq, announcement, sent_at, pos) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) {ts}"
             ),
-            "broadcast": p(f"INSERT INTO {ks}.broadcasts (tenant, conversation_id, conversation_seq) VALUES (?, ?, ?)"),
+            "broadcast": p(
+                f"INSERT INTO {ks}.broadcasts (tenant, conversation_id, conversation_seq) VALUES (?, ?, ?) {ts}"
+            ),
             "delivery": p(
                 f"INSERT INTO {ks}.delivery (tenant, conversation_id, conversation_seq, message_id, write_policy, "
-                "member_count, mailbox_entries, shards, body_bytes, pos, online_pushes, materialized_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, null, ?)"
+                "member_count, mailbox_entries, shards, body_bytes, pos, materialized_at) "
+                f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) {ts}"
             ),
             "conv_state": p(
                 f"INSERT INTO {ks}.conversation_states (tenant, conversation_id, user_id, {state_cols}) "
-                f"VALUES (?, ?, ?, {state_marks})"
+                f"VALUES (?, ?, ?, {state_marks}) {ts}"
             ),
             "user_state": p(
-                f"INSERT INTO {ks}.user_states (tenant, user_id, conversation_id, {state_cols}) VALUES (?, ?, ?, {state_marks})"
+                f"INSERT INTO {ks}.user_states (tenant, user_id, conversation_id, {state_cols}) "
+                f"VALUES (?, ?, ?, {state_marks}) {ts}"
             ),
             "conv_gap": p(
-                f"UPDATE {ks}.conversation_states SET delivered_conversation_seq=?, skipping=?, gap_end=? "
+                f"UPDATE {ks}.conversation_states {ts} SET delivered_conversation_seq=?, skipping=?, gap_end=? "
                 "WHERE tenant=? AND conversation_id=? AND user_id=?"
             ),
             "user_gap": p(
-                f"UPDATE {ks}.user_states SET delivered_conversation_seq=?, skipping=?, gap_end=? "
+                f"UPDATE {ks}.user_states {ts} SET delivered_conversation_seq=?, skipping=?, gap_end=? "
                 "WHERE tenant=? AND user_id=? AND conversation_id=?"
             ),
             "conv_delete": p(
-                f"DELETE FROM {ks}.conversation_states WHERE tenant=? AND conversation_id=? AND user_id=?"
+                f"DELETE FROM {ks}.conversation_states {ts} WHERE tenant=? AND conversation_id=? AND user_id=?"
             ),
-            "user_delete": p(f"DELETE FROM {ks}.user_states WHERE tenant=? AND user_id=? AND conversation_id=?"),
-            "review": p(f"INSERT INTO {ks}.reviews (review_id, tenant, body, written) VALUES (?, ?, ?, ?)"),
+            "user_delete": p(f"DELETE FROM {ks}.user_states {ts} WHERE tenant=? AND user_id=? AND conversation_id=?"),
+            "review": p(f"INSERT INTO {ks}.reviews (review_id, tenant, body, written) VALUES (?, ?, ?, ?) {ts}"),
             "review_by_tenant": p(
-                f"INSERT INTO {ks}.reviews_by_tenant (tenant, review_id, body, written) VALUES (?, ?, ?, ?)"
+                f"INSERT INTO {ks}.reviews_by_tenant (tenant, review_id, body, written) VALUES (?, ?, ?, ?) {ts}"
             ),
-            "tier": p(f"UPDATE {ks}.tiers SET body = body + ? WHERE tier_id = ?"),
-            "capacity": p(f"INSERT INTO {ks}.capacity (projection, body) VALUES (?, ?)"),
+            "tier": p(f"UPDATE {ks}.tiers {ts} SET body = body + ? WHERE tier_id = ?"),
+            "capacity": p(f"INSERT INTO {ks}.capacity (projection, body) VALUES (?, ?) {ts}"),
+            # not from the log (no fencing stamp): a replica's count, a monitor's compare-and-set
             "pushes": p(
-                f"UPDATE {ks}.delivery SET online_pushes=? WHERE tenant=? AND conversation_id=? AND conversation_seq=?"
+                f"INSERT INTO {ks}.delivery_pushes (tenant, conversation_id, conversation_seq, pusher, pushes) "
+                "VALUES (?, ?, ?, ?, ?)"
             ),
+            "capacity_create": p(f"INSERT INTO {ks}.capacity (projection, body) VALUES (?, ?) IF NOT EXISTS"),
+            "capacity_swap": p(f"UPDATE {ks}.capacity SET body=? WHERE projection=? IF body=?"),
         }
         self._r: dict[str, PreparedStatement] = {
             "position": p(f"SELECT position FROM {ks}.tracking WHERE projection=? AND partition=?"),
@@ -400,6 +444,10 @@ class CassandraViews:
             "reviews": p(f"SELECT body, written FROM {ks}.reviews_by_tenant WHERE tenant=?"),
             "tier": p(f"SELECT body FROM {ks}.tiers WHERE tier_id=?"),
             "capacity": p(f"SELECT body FROM {ks}.capacity WHERE projection=?"),
+            "pushes": p(
+                f"SELECT pushes FROM {ks}.delivery_pushes WHERE tenant=? AND conversation_id=? AND conversation_seq=?"
+            ),
+            "log_position": p(f"SELECT position, next_offset FROM {ks}.log_positions WHERE partition=?"),
         }
 
     @classmethod
@@ -454,14 +502,17 @@ class CassandraViews:
             self._commit(w, now)
 
     def _commit(self, w: CassandraWriter, now: float | None) -> None:
-        s, ps = self.session, self._w
-        # 1. mailbox entries (idempotent upserts, grouped UNLOGGED batches)
+        s, ps, ts = self.session, self._w, w.stamp()
+        # 1. mailbox entries (idempotent upserts, grouped UNLOGGED batches; each stamped with
+        #    its message's position by the mailbox store)
+        w.step("mailbox")
         for tenant, refs in w.mailbox:
             self.mailbox.write(tenant, refs)
         if w.mailbox:
             self.mailbox.flush()
         # materialized_at: once every entry is written (as the SQLite and memory views stamp it)
         at = now if now is not None else time.time()
+        w.step("rows")
         # 2. messages (and the broadcast index the working set loads)
         stmts: list[tuple[Any, Any]] = []
         for (tenant, cid, seq), m in w.messages.items():
@@ -481,11 +532,12 @@ class CassandraViews:
                         bool(m["announcement"]),
                         m["sent_at"],
                         m["pos"],
+                        ts,
                     ),
                 )
             )
             if m["mention_all"] or m["announcement"]:
-                stmts.append((ps["broadcast"], (tenant, cid, seq)))
+                stmts.append((ps["broadcast"], (tenant, cid, seq, ts)))
         run(s, stmts)
         # 3. delivery records, materialized now
         run(
@@ -505,59 +557,74 @@ class CassandraViews:
                         r["body_bytes"],
                         r["pos"],
                         at,
+                        ts,
                     ),
                 )
                 for (t, c, q), r in w.deliveries.items()
             ],
         )
         # 4. member states: the conversation-keyed copy (single-partition batches) and the user-keyed one
-        self._write_states(w.states)
+        self._write_states(w.states, ts)
         # 5. reviews, tiers, capacity
         stmts = []
         for r in w.reviews.values():
             text, written = json.dumps(r), self._stamp()
-            stmts.append((ps["review"], (r["review_id"], r["tenant"], text, written)))
-            stmts.append((ps["review_by_tenant"], (r["tenant"], r["review_id"], text, written)))
+            stmts.append((ps["review"], (r["review_id"], r["tenant"], text, written, ts)))
+            stmts.append((ps["review_by_tenant"], (r["tenant"], r["review_id"], text, written, ts)))
         for tier_id, t in w.tiers.items():
-            stmts.append((ps["tier"], ({k: json.dumps(v) for k, v in t.items()}, tier_id)))
+            stmts.append((ps["tier"], (ts, {k: json.dumps(v) for k, v in t.items()}, tier_id)))
         for name, body in w.capacity.items():
-            stmts.append((ps["capacity"], (name, json.dumps(body))))
+            stmts.append((ps["capacity"], (name, json.dumps(body), ts)))
         run(s, stmts)
         # 6. heads: their lookups first (a head found means its aggregate resolves), then the heads
+        w.step("heads")
         run(
             s,
-            [(ps["by_aggregate"], (str(h["aggregate_id"]), t, c)) for (t, c), h in w.heads.items()]
-            + [(ps["by_tenant"], (t, c, h["size_bucket"])) for (t, c), h in w.heads.items()],
+            [(ps["by_aggregate"], (str(h["aggregate_id"]), t, c, ts)) for (t, c), h in w.heads.items()]
+            + [(ps["by_tenant"], (t, c, h["size_bucket"], ts)) for (t, c), h in w.heads.items()],
         )
-        run(s, [(ps["head"], (t, c, *(_head_value(h, k) for k in HEAD_COLUMNS))) for (t, c), h in w.heads.items()])
-        # 7. tracking, last
-        run(s, [(ps["track"], (name, partition, pos)) for (name, partition), pos in w.positions.items()])
+        run(
+            s,
+            [(ps["head"], (t, c, *(_head_value(h, k) for k in HEAD_COLUMNS), ts)) for (t, c), h in w.heads.items()],
+        )
+        # 7. tracking, last: each position stamped with itself, so it never goes back
+        w.step("tracking")
+        run(
+            s,
+            [(ps["track"], (name, partition, pos, stamp(pos))) for (name, partition), pos in w.positions.items()]
+            + [
+                (ps["log_position"], (partition, pos, offset, stamp(pos)))
+                for partition, (pos, offset) in w.log_positions.items()
+            ],
+        )
 
-    def _write_states(self, states: dict[tuple[str, str, str], tuple[str, Any]]) -> None:
+    def _write_states(self, states: dict[tuple[str, str, str], tuple[str, Any]], ts: int) -> None:
         ps = self._w
         conv: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
+        keys: list[tuple[str, str]] = []  # the conversation-keyed partition of each conv statement
         user: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
         for (tenant, cid, u), (op, value) in sorted(states.items(), key=lambda kv: kv[0]):
+            keys.append((tenant, cid))
             if op == "put":
                 row = _state_cells(value)
-                conv.append((ps["conv_state"], (tenant, cid, u, *row)))
-                user.append((ps["user_state"], (tenant, u, cid, *row)))
+                conv.append((ps["conv_state"], (tenant, cid, u, *row, ts)))
+                user.append((ps["user_state"], (tenant, u, cid, *row, ts)))
             elif op == "gap":
                 delivered, skipping, gap_end = value
                 cells = (_seq_cell(delivered), skipping, _seq_cell(gap_end))
-                conv.append((ps["conv_gap"], (*cells, tenant, cid, u)))
-                user.append((ps["user_gap"], (*cells, tenant, u, cid)))
+                conv.append((ps["conv_gap"], (ts, *cells, tenant, cid, u)))
+                user.append((ps["user_gap"], (ts, *cells, tenant, u, cid)))
             else:
-                conv.append((ps["conv_delete"], (tenant, cid, u)))
-                user.append((ps["user_delete"], (tenant, u, cid)))
+                conv.append((ps["conv_delete"], (ts, tenant, cid, u)))
+                user.append((ps["user_delete"], (ts, tenant, u, cid)))
 
         def by_partition() -> Iterator[tuple[BatchStatement, None]]:
             # conversation-keyed rows sorted by (tenant, conversation): one partition per batch
             i = 0
             while i < len(conv):
-                key = conv[i][1][:2]
+                key = keys[i]
                 j = i
-                while j < len(conv) and j - i < BATCH_ROWS and conv[j][1][:2] == key:
+                while j < len(conv) and j - i < BATCH_ROWS and keys[j] == key:
                     j += 1
                 batch = BatchStatement(batch_type=BatchType.UNLOGGED)
                 for stmt, args in conv[i:j]:
@@ -575,11 +642,26 @@ class CassandraViews:
         return self._written
 
     def record_pushes(self, tenant: str, conversation_id: str, seq: int, pushes: int) -> None:
-        with self._lock:
-            row = self.session.execute(self._r["delivery"], (tenant, conversation_id, seq)).one()
-            if row is not None:
-                total = (row["online_pushes"] or 0) + pushes
-                self.session.execute(self._w["pushes"], (total, tenant, conversation_id, seq))
+        """This replica's count for the message, in a row of its own: two replicas pushing
+        one message never overwrite each other's count (read: their sum)."""
+        with self._pushes_lock:
+            key = (tenant, conversation_id, seq)
+            total = self._pushed.pop(key, 0) + pushes
+            self._pushed[key] = total
+            while len(self._pushed) > PUSH_COUNTS_KEPT:
+                self._pushed.pop(next(iter(self._pushed)))
+            self.session.execute(self._w["pushes"], (tenant, conversation_id, seq, self.pusher, total))
+
+    def compare_and_put_capacity(self, name: str, expected: dict[str, Any] | None, body: dict[str, Any]) -> bool:
+        """A lightweight transaction: the body is written only if the stored one is still
+        `expected` (None: absent). False when another writer changed it first."""
+        if expected is None:
+            row = self.session.execute(self._w["capacity_create"], (name, json.dumps(_json(body)))).one()
+        else:
+            row = self.session.execute(
+                self._w["capacity_swap"], (json.dumps(_json(body)), name, json.dumps(_json(expected)))
+            ).one()
+        return bool(row["[applied]"])
 
     def reopen_mailbox(self) -> None:
         with self._lock:
@@ -600,6 +682,10 @@ class CassandraViews:
     def positions(self) -> dict[tuple[str, int], int]:
         rows = self.session.execute(f"SELECT projection, partition, position FROM {self.keyspace}.tracking")
         return {(r["projection"], r["partition"]): r["position"] for r in rows}
+
+    def log_position(self, partition: int) -> LogPosition | None:
+        row = self.session.execute(self._r["log_position"], (partition,)).one()
+        return LogPosition(int(row["position"]), int(row["next_offset"])) if row is not None else None
 
     def low_watermark(self, projection: str) -> int:
         """The position every partition 0..partitions-1 has applied (one partition read)."""
@@ -705,8 +791,19 @@ class CassandraViews:
         ]
 
     def delivery(self, tenant: str, conversation_id: str, seq: int) -> dict[str, Any] | None:
-        row = self.session.execute(self._r["delivery"], (tenant, conversation_id, seq)).one()
-        return dict(row) if row is not None else None
+        """The record, with online_pushes summed over the replicas that pushed it (None
+        before any counted)."""
+        key = (tenant, conversation_id, seq)
+        row_f = self.session.execute_async(self._r["delivery"], key)
+        pushes_f = self.session.execute_async(self._r["pushes"], key)
+        row = row_f.result().one()
+        counts = [r["pushes"] for r in pushes_f.result()]
+        if row is None:
+            return None
+        out = dict(row)
+        if counts:
+            out["online_pushes"] = sum(counts)
+        return out
 
     def mailbox_page(self, tenant: str, user_id: str, after: int, limit: int) -> list[MailboxEntry]:
         """Entries up to the delivery projection's low watermark: partitions commit in

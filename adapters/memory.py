@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from projections.ports import ALL_PARTS, MailboxEntry, MessageRefs
+from projections.ports import ALL_PARTS, LogPosition, MailboxEntry, MessageRefs
 from projections.state import Session, SessionHead, UserConversationState, sessions_by_two_reads
 
 Key = tuple[str, str]  # (tenant, conversation_id)
@@ -92,10 +92,15 @@ class MemoryWriter:
         self.mailbox_entries = 0
         self.deliveries: list[tuple[str, str, int]] = []
         self.positions: dict[tuple[str, int], int] = {}
+        self.log_positions: dict[int, LogPosition] = {}
         self.partition = 0
+        self.checkpoint: Callable[[str], None] | None = None  # one commit step: never called
 
     def track(self, projection: str, position: int, partition: int = 0) -> None:
         self.positions[(projection, partition)] = position
+
+    def track_log(self, partition: int, position: int, next_offset: int) -> None:
+        self.log_positions[partition] = LogPosition(position, next_offset)
 
     def _queue(self, part: str, op: Callable[[MemoryViews], None]) -> None:
         if part in self.parts:
@@ -160,6 +165,7 @@ class MemoryViews:
         self.partitions = partitions
         self._lock = threading.RLock()
         self.tracking: dict[tuple[str, int], int] = {}
+        self.log_positions: dict[int, LogPosition] = {}
         self.heads_rows: dict[Key, dict[str, Any]] = {}
         self.by_aggregate: dict[str, Key] = {}
         self.message_rows: dict[Key, dict[int, dict[str, Any]]] = {}
@@ -186,6 +192,7 @@ class MemoryViews:
                 if d in self.delivery_rows:
                     self.delivery_rows[d]["materialized_at"] = at
             self.tracking.update(w.positions)
+            self.log_positions.update(w.log_positions)
 
     def put_head_row(self, row: dict[str, Any]) -> None:
         key = (row["tenant"], row["conversation_id"])
@@ -217,6 +224,13 @@ class MemoryViews:
             if row is not None:
                 row["online_pushes"] = (row["online_pushes"] or 0) + pushes
 
+    def compare_and_put_capacity(self, name: str, expected: dict[str, Any] | None, body: dict[str, Any]) -> bool:
+        with self._lock:
+            if self.capacity.get(name) != (None if expected is None else _json(expected)):
+                return False
+            self.capacity[name] = _json(body)
+            return True
+
     def reopen_mailbox(self) -> None:
         self.mailbox.reopen()
 
@@ -232,6 +246,10 @@ class MemoryViews:
     def positions(self) -> dict[tuple[str, int], int]:
         with self._lock:
             return dict(self.tracking)
+
+    def log_position(self, partition: int) -> LogPosition | None:
+        with self._lock:
+            return self.log_positions.get(partition)
 
     def low_watermark(self, projection: str) -> int:
         with self._lock:

@@ -12,7 +12,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
 from itertools import groupby
@@ -21,7 +21,7 @@ from typing import Any
 from uuid import UUID
 
 from projections.ports import ALL_PARTS as ALL_PARTS  # the parts a unit of work writes
-from projections.ports import MailboxEntry, MailboxStore, MessageRefs
+from projections.ports import LogPosition, MailboxEntry, MailboxStore, MessageRefs
 from projections.state import Session, SessionHead, SessionState, UserConversationState
 
 VIEWS_SCHEMA = """
@@ -57,6 +57,8 @@ CREATE TABLE IF NOT EXISTS delivery (
 CREATE TABLE IF NOT EXISTS reviews (review_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS tiers (tier_id TEXT PRIMARY KEY, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS capacity (projection TEXT PRIMARY KEY, body TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS log_positions (
+    partition INTEGER PRIMARY KEY, position INTEGER NOT NULL, next_offset INTEGER NOT NULL);
 """
 
 # PRAGMA user_version of the views. 2: the states columns take the ADR's names
@@ -218,11 +220,15 @@ class SqliteMailbox:
         return n
 
     def read(self, tenant: str, user_id: str, after: int, until: int, limit: int) -> list[MailboxEntry]:
-        rows = self._reader().execute(
-            "SELECT user_id, pos, conversation_seq, conversation_id, flags FROM mailbox "
-            "WHERE tenant=? AND user_id=? AND pos>? AND pos<=? ORDER BY pos LIMIT ?",
-            (tenant, user_id, after, until, limit),
-        ).fetchall()
+        rows = (
+            self._reader()
+            .execute(
+                "SELECT user_id, pos, conversation_seq, conversation_id, flags FROM mailbox "
+                "WHERE tenant=? AND user_id=? AND pos>? AND pos<=? ORDER BY pos LIMIT ?",
+                (tenant, user_id, after, until, limit),
+            )
+            .fetchall()
+        )
         return [tuple(r) for r in rows]
 
     def all_entries(self) -> Iterator[tuple[str, str, int, int, str, int]]:
@@ -262,12 +268,17 @@ class SqliteWriter:
         self.mailbox_entries = 0
         self.deliveries: list[tuple[str, str, int]] = []
         self.positions: dict[tuple[str, int], int] = {}
+        self.log_positions: dict[int, LogPosition] = {}
         self.partition = 0  # one log, one partition
+        self.checkpoint: Callable[[str], None] | None = None  # one transaction: never called
 
     def track(self, projection: str, position: int, partition: int = 0) -> None:
         """Record the last position this unit of work applied for (projection, partition);
         written after everything else of the unit, in the same commit."""
         self.positions[(projection, partition)] = position
+
+    def track_log(self, partition: int, position: int, next_offset: int) -> None:
+        self.log_positions[partition] = LogPosition(position, next_offset)
 
     def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any]) -> None:
         if "heads" not in self.parts:
@@ -305,7 +316,9 @@ class SqliteWriter:
         self.mailbox.append((tenant, refs))
         self.mailbox_entries += sum(len(b) for b in refs.shards.values())
 
-    def put_states(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]) -> None:
+    def put_states(
+        self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]
+    ) -> None:
         if "state" not in self.parts:
             return
         self.con.executemany(
@@ -373,7 +386,9 @@ class SqliteWriter:
 class SqliteViews:
     """The views database plus the mailbox store; one writer, many readers."""
 
-    def __init__(self, data_dir: Path | str, mailbox: MailboxStore, *, prefix: str = "", readonly: bool = False) -> None:
+    def __init__(
+        self, data_dir: Path | str, mailbox: MailboxStore, *, prefix: str = "", readonly: bool = False
+    ) -> None:
         """`mailbox` is the mailbox store these views own (which engine: fanout/bootstrap.py).
         `readonly`: open existing views without writing anything (no migration), to read
         beside a running serve."""
@@ -417,7 +432,28 @@ class SqliteViews:
                     "ON CONFLICT(projection, partition) DO UPDATE SET position=excluded.position",
                     [(name, partition, pos) for (name, partition), pos in w.positions.items()],
                 )
+                con.executemany(
+                    "INSERT OR REPLACE INTO log_positions VALUES (?, ?, ?)",
+                    [(partition, *lp) for partition, lp in w.log_positions.items()],
+                )
                 con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+
+    def compare_and_put_capacity(self, name: str, expected: dict[str, Any] | None, body: dict[str, Any]) -> bool:
+        with self._write_lock:
+            con = self._con
+            con.execute("BEGIN IMMEDIATE")
+            try:
+                row = con.execute("SELECT body FROM capacity WHERE projection=?", (name,)).fetchone()
+                stored = json.loads(row[0]) if row else None
+                if stored != (None if expected is None else json.loads(json.dumps(expected))):
+                    con.execute("ROLLBACK")
+                    return False
+                con.execute("INSERT OR REPLACE INTO capacity VALUES (?,?)", (name, json.dumps(body)))
+                con.execute("COMMIT")
+                return True
             except BaseException:
                 con.execute("ROLLBACK")
                 raise
@@ -448,16 +484,28 @@ class SqliteViews:
 
     def positions(self) -> dict[tuple[str, int], int]:
         """(projection, partition) -> the last position applied."""
-        return {(r[0], r[1]): r[2] for r in self.reader().execute("SELECT projection, partition, position FROM tracking")}
+        return {
+            (r[0], r[1]): r[2] for r in self.reader().execute("SELECT projection, partition, position FROM tracking")
+        }
+
+    def log_position(self, partition: int) -> LogPosition | None:
+        row = (
+            self.reader()
+            .execute("SELECT position, next_offset FROM log_positions WHERE partition=?", (partition,))
+            .fetchone()
+        )
+        return LogPosition(int(row[0]), int(row[1])) if row else None
 
     def low_watermark(self, projection: str) -> int:
         """One log, one partition."""
         return self.position(projection, 0)
 
     def conversation_key(self, aggregate_id: UUID) -> tuple[str, str]:
-        row = self.reader().execute(
-            "SELECT tenant, conversation_id FROM heads WHERE aggregate_id=?", (str(aggregate_id),)
-        ).fetchone()
+        row = (
+            self.reader()
+            .execute("SELECT tenant, conversation_id FROM heads WHERE aggregate_id=?", (str(aggregate_id),))
+            .fetchone()
+        )
         if row is None:
             raise LookupError(f"unknown conversation aggregate {aggregate_id}")
         return row[0], row[1]
@@ -485,9 +533,11 @@ class SqliteViews:
         return head, states, broadcasts
 
     def head(self, tenant: str, conversation_id: str) -> dict[str, Any] | None:
-        row = self.reader().execute(
-            "SELECT * FROM heads WHERE tenant=? AND conversation_id=?", (tenant, conversation_id)
-        ).fetchone()
+        row = (
+            self.reader()
+            .execute("SELECT * FROM heads WHERE tenant=? AND conversation_id=?", (tenant, conversation_id))
+            .fetchone()
+        )
         return dict(row) if row else None
 
     def heads_by_scope(self, tenant: str, size_bucket: str) -> list[str]:
@@ -514,9 +564,14 @@ class SqliteViews:
             yield t, cid, bucket, [r[3] for r in group if r[3] is not None]
 
     def state(self, tenant: str, user_id: str, conversation_id: str) -> dict[str, Any] | None:
-        row = self.reader().execute(
-            "SELECT * FROM states WHERE tenant=? AND user_id=? AND conversation_id=?", (tenant, user_id, conversation_id)
-        ).fetchone()
+        row = (
+            self.reader()
+            .execute(
+                "SELECT * FROM states WHERE tenant=? AND user_id=? AND conversation_id=?",
+                (tenant, user_id, conversation_id),
+            )
+            .fetchone()
+        )
         return dict(row) if row else None
 
     def user_states(self, tenant: str, user_id: str) -> dict[str, UserConversationState]:
@@ -603,25 +658,37 @@ class SqliteViews:
             self._pool.release(con)
 
     def messages(self, tenant: str, conversation_id: str, after_seq: int, limit: int) -> list[dict[str, Any]]:
-        rows = self.reader().execute(
-            "SELECT * FROM messages WHERE tenant=? AND conversation_id=? AND conversation_seq>? "
-            "ORDER BY conversation_seq LIMIT ?",
-            (tenant, conversation_id, after_seq, limit),
-        ).fetchall()
+        rows = (
+            self.reader()
+            .execute(
+                "SELECT * FROM messages WHERE tenant=? AND conversation_id=? AND conversation_seq>? "
+                "ORDER BY conversation_seq LIMIT ?",
+                (tenant, conversation_id, after_seq, limit),
+            )
+            .fetchall()
+        )
         return [message_dict(r) for r in rows]
 
     def message(self, tenant: str, conversation_id: str, seq: int) -> dict[str, Any] | None:
-        row = self.reader().execute(
-            "SELECT * FROM messages WHERE tenant=? AND conversation_id=? AND conversation_seq=?",
-            (tenant, conversation_id, seq),
-        ).fetchone()
+        row = (
+            self.reader()
+            .execute(
+                "SELECT * FROM messages WHERE tenant=? AND conversation_id=? AND conversation_seq=?",
+                (tenant, conversation_id, seq),
+            )
+            .fetchone()
+        )
         return message_dict(row) if row else None
 
     def delivery(self, tenant: str, conversation_id: str, seq: int) -> dict[str, Any] | None:
-        row = self.reader().execute(
-            "SELECT * FROM delivery WHERE tenant=? AND conversation_id=? AND conversation_seq=?",
-            (tenant, conversation_id, seq),
-        ).fetchone()
+        row = (
+            self.reader()
+            .execute(
+                "SELECT * FROM delivery WHERE tenant=? AND conversation_id=? AND conversation_seq=?",
+                (tenant, conversation_id, seq),
+            )
+            .fetchone()
+        )
         return dict(row) if row else None
 
     def review(self, review_id: str) -> dict[str, Any]:

@@ -19,12 +19,18 @@ class ConfigError(ValueError):
     pass
 
 
+class EngineUnavailable(RuntimeError):
+    """An engine the settings name cannot be used at start-up (a missing database, a server
+    that does not answer): the operator can fix it; the commands print it as one line."""
+
+
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 # Variables of the project's tooling, not settings of a fanout process: the engine scripts
-# (infra/engines: FANOUT_ENGINES, FANOUT_ENGINES_DIR, ...) and the test suite's knobs.
-TOOLING_PREFIXES = ("FANOUT_ENGINES", "FANOUT_INVARIANT_")
+# (infra/engines: FANOUT_ENGINES, FANOUT_ENGINES_DIR, ...), the test suite's knobs and its
+# fault-injection points (projections/failpoints.py).
+TOOLING_PREFIXES = ("FANOUT_ENGINES", "FANOUT_INVARIANT_", "FANOUT_FAILPOINTS")
 
 
 def parse_duration(text: str) -> float:

@@ -82,5 +82,3 @@ class AdminProjection:
     @_process.register
     def _tier_rolled_back(self, e: Tier.RolledBack, position: int, w: ViewWriter) -> None:
         w.put_tier({"tier_id": str(e.originator_id), "enabled": False, "changed_at": e.at})
-
-

@@ -11,7 +11,8 @@ window, merges them (`capacity.merged`) and applies the same rule as the project
 whole window and was not over at the previous evaluation.
 
 Its memory (which triggers are firing, how many episodes each has had) is saved in the
-views under `capacity.monitor`, so the next evaluation, in this process or in the worker
+views under `capacity.monitor` by a compare-and-set against the memo it read (a monitor that
+was paused while another took partition 0 over never rewinds it, and drops its evaluation), so the next evaluation, in this process or in the worker
 that takes its place, does not fire the same episode again. The review opened for an
 episode is keyed by (trigger, episode number): two monitors evaluating the same episode at
 once during a rebalance open ONE review (the event store dedupes by review key).
@@ -44,6 +45,7 @@ class CapacityMonitor:
         self.store = store
         self.partitions = partitions
         self.evaluations = 0
+        self.fenced = 0  # evaluations dropped: the memo changed under them
 
     def evaluate(self) -> list[ReviewTrigger]:
         """Merge the partitions' windows, compare with the limits, save what changed; the
@@ -51,7 +53,8 @@ class CapacityMonitor:
         self.evaluations += 1
         states = [self.store.capacity_state(state_name(p)) or {} for p in range(self.partitions)]
         window = merged(self.params, states)
-        memo = self.store.capacity_state(MONITOR_STATE) or {}
+        stored = self.store.capacity_state(MONITOR_STATE)
+        memo = stored or {}
         firing: dict[str, bool] = dict(memo.get("firing", {}))
         episodes: dict[str, int] = {k: int(v) for k, v in memo.get("episodes", {}).items()}
         out: list[ReviewTrigger] = []
@@ -70,7 +73,11 @@ class CapacityMonitor:
                 out.append(ReviewTrigger(trigger, tenant, bucket, details, review_key=key))
             firing[trigger] = over
         body = {"firing": firing, "episodes": episodes}
-        if body != {"firing": memo.get("firing", {}), "episodes": memo.get("episodes", {})}:
-            with self.store.unit_of_work() as w:
-                w.put_capacity(MONITOR_STATE, body)
+        changed = body != {"firing": memo.get("firing", {}), "episodes": memo.get("episodes", {})}
+        if changed and not self.store.compare_and_put_capacity(MONITOR_STATE, stored, body):
+            # Another monitor (this one's partition moved while it was paused) changed the memo
+            # since it was read: this evaluation is stale, its triggers are dropped and the next
+            # evaluation starts from what the other one saved.
+            self.fenced += 1
+            return []
         return out

@@ -289,7 +289,10 @@ class DeliveryProjection:
         if m is None:
             return
         base = m.broadcasts_upto(e.at_seq)
-        new = [(u, UserConversationState(read_conversation_seq=e.at_seq, joined_seq=e.at_seq, broadcast_base=base)) for u in e.user_ids]
+        new = [
+            (u, UserConversationState(read_conversation_seq=e.at_seq, joined_seq=e.at_seq, broadcast_base=base))
+            for u in e.user_ids
+        ]
         for u, s in new:
             m.members[u] = s
         m.joined(e.user_ids, self.params.mailbox_shards)
@@ -350,9 +353,7 @@ class DeliveryProjection:
         materialized = None
         if not everyone:
             activity = {u: st.last_active for u, st in m.members.items()}
-            materialized = frozenset(
-                materialized_members(policy, activity, targets, e.at, self.params.activity_window)
-            )
+            materialized = frozenset(materialized_members(policy, activity, targets, e.at, self.params.activity_window))
         members = m.members_at_send(self.params.mailbox_shards)
         shards = members if materialized is None else self._recipients_by_shard(m, materialized)
         base = (ANNOUNCEMENT if targets.announcement else 0) | (MENTION_ALL if targets.mention_all else 0)

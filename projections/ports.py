@@ -11,11 +11,11 @@ query side (fanout/queries.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from projections.state import Session as Session
 from projections.state import SessionHead as SessionHead  # the login's head record, beside session_item
@@ -45,6 +45,15 @@ class MessageRefs:
     # shard -> version of that member list (bumped on join/leave), when the lists are the
     # conversation's standing member lists: a store may cache what it derives from them.
     versions: dict[int, int] | None = None
+
+
+class LogPosition(NamedTuple):
+    """Where one log partition's views stand: the position of the last unit committed and
+    the log's next offset to read after it (-1 when the host does not know offsets). The
+    fencing check and the heal after lost writes read it (streams/host_fencing.py)."""
+
+    position: int
+    next_offset: int
 
 
 class MailboxStore(Protocol):
@@ -82,8 +91,15 @@ class ViewWriter(Protocol):
 
     mailbox_entries: int  # entries queued in this unit (the runner bounds a unit by it)
     partition: int  # the log partition this unit applies (embedded: 0; Kafka: the partition)
+    # A store that commits in several steps (Cassandra) calls it with the next step's name
+    # between them; the host's fencing check raises there to end a stale unit. Stores that
+    # commit in one transaction never call it.
+    checkpoint: Callable[[str], None] | None
 
     def track(self, projection: str, position: int, partition: int = 0) -> None: ...
+
+    def track_log(self, partition: int, position: int, next_offset: int) -> None:
+        """Where this unit leaves the log partition (its LogPosition), written with the tracking."""
 
     def put_capacity(self, name: str, body: dict[str, Any]) -> None: ...
 
@@ -93,7 +109,9 @@ class ViewWriter(Protocol):
 
     def put_mailbox(self, tenant: str, refs: MessageRefs) -> None: ...
 
-    def put_states(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]) -> None: ...
+    def put_states(
+        self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]
+    ) -> None: ...
 
     def put_gaps(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]) -> None:
         """Update only delivered_conversation_seq, skipping and gap_end of existing rows."""
@@ -118,6 +136,9 @@ class ViewReader(Protocol):
 
     def positions(self) -> dict[tuple[str, int], int]:
         """(projection, partition) -> the last position applied, for every one tracked."""
+
+    def log_position(self, partition: int) -> LogPosition | None:
+        """The LogPosition the last unit of this partition wrote; None before any."""
 
     def low_watermark(self, projection: str) -> int:
         """The position every partition of the log has applied for this projection: the
@@ -209,6 +230,11 @@ class ViewStore(ViewReader, Protocol):
 
     def record_pushes(self, tenant: str, conversation_id: str, seq: int, pushes: int) -> None:
         """Add online pushes to a delivery record (after its unit committed)."""
+
+    def compare_and_put_capacity(self, name: str, expected: dict[str, Any] | None, body: dict[str, Any]) -> bool:
+        """Write a capacity body only if the stored one is still `expected` (None: absent);
+        False, nothing written, when another writer changed it first (the T1/T2 monitor's
+        memo: a stale monitor never rewinds it)."""
 
     def reopen_mailbox(self) -> None:
         """After a storage failure: the projector retries on a freshly opened mailbox."""

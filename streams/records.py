@@ -19,7 +19,7 @@ watermark of the whole log (docs/adr/0013-relay-and-watermarks.md)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from uuid import UUID
 
 from eventsourcing.persistence import StoredEvent
@@ -44,6 +44,7 @@ class EventRecord:
     originator_id: UUID
     originator_version: int
     state: bytes
+    offset: int = field(default=-1, compare=False)  # in its Kafka partition, when read from Kafka
 
     def stored_event(self) -> StoredEvent:
         """For `app.mapper.to_domain_event`."""
@@ -66,6 +67,7 @@ class EventRecord:
 @dataclass(frozen=True)
 class Watermark:
     position: int
+    offset: int = field(default=-1, compare=False)  # in its Kafka partition, when read from Kafka
 
     def headers(self) -> list[tuple[str, bytes]]:
         return [(H_WATERMARK, str(self.position).encode())]
@@ -77,18 +79,20 @@ def _text(v: bytes | str | None) -> str:
     return v.decode() if isinstance(v, bytes | bytearray | memoryview) else str(v)
 
 
-def decode(headers: Headers | None, value: bytes | None) -> EventRecord | Watermark:
-    """A record as the relay wrote it; BadRecord for anything else."""
+def decode(headers: Headers | None, value: bytes | None, offset: int = -1) -> EventRecord | Watermark:
+    """A record as the relay wrote it (`offset`: where it was read in its partition);
+    BadRecord for anything else."""
     h = {k: _text(v) for k, v in (headers or ())}
     try:
         if H_WATERMARK in h:
-            return Watermark(int(h[H_WATERMARK]))
+            return Watermark(int(h[H_WATERMARK]), offset)
         return EventRecord(
             position=int(h[H_POSITION]),
             topic=h[H_TOPIC],
             originator_id=UUID(h[H_ORIGINATOR]),
             originator_version=int(h[H_VERSION]),
             state=bytes(value or b""),
+            offset=offset,
         )
     except (KeyError, ValueError) as exc:
         raise BadRecord(f"not a fanout event record (headers {sorted(h)}): {exc}") from None

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
@@ -55,11 +55,13 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from domain.conversation import Conversation
 from domain.params import Parameters
 from domain.review import topics_of
+from projections import failpoints
 from projections.capacity import ReviewTrigger
 from projections.capacity_monitor import CapacityMonitor
 from projections.failures import Throttled, storage_failure
 from projections.hosting import Effect, Projection, build_projections, topics
 from projections.ports import ViewStore
+from streams.log_reader import KafkaPartitionReader, LogGapUnreadable
 from streams.pushes import BEAT_INTERVAL, WorkerBeat, ensure_topic, partition_count, worker_id
 from streams.records import BadRecord, EventRecord, Watermark, decode
 
@@ -67,6 +69,20 @@ log = logging.getLogger("fanout.worker")
 
 Record = EventRecord | Watermark
 RETRY_AFTER_FAILURE = 0.5  # seconds between attempts at a failing unit of work
+FENCE_RECHECK = 1.0  # seconds a commit runs before it checks again that no one wrote past it
+
+
+class Fenced(RuntimeError):
+    """Another writer has written this partition's views past where this host stood: the
+    unit is stopped (what it wrote is older than what is there, and loses: ADR-0021)."""
+
+
+class LogReader(Protocol):
+    """Reads [start, end) of one log partition again (streams/log_reader.py)."""
+
+    def read(self, partition: int, start: int, end: int) -> list[EventRecord | Watermark]: ...
+
+
 CAPACITY_INTERVAL = 1.0  # seconds between evaluations of T1/T2 over the merged windows
 
 
@@ -82,6 +98,9 @@ class HostStats:
     entries: int = 0  # mailbox entries written
     effects: int = 0
     failures: int = 0  # failed units of work
+    fenced: int = 0  # units stopped: another writer had written the partition past them (ADR-0021)
+    heals: int = 0  # times the views were found behind what this host had committed (lost writes)
+    reread: int = 0  # records read again from the log to fill a gap (heals, resumes)
     started: float = field(default_factory=time.monotonic)
 
 
@@ -117,9 +136,12 @@ class PartitionHost:
         *,
         max_entries_per_commit: int = 200_000,
         triggers: bool = True,
+        log_reader: LogReader | None = None,
     ) -> None:
         """`triggers=False`: each partition's capacity window only counts; T1/T2 are
-        evaluated over the merged windows by `evaluate_capacity` (ADR-0020)."""
+        evaluated over the merged windows by `evaluate_capacity` (ADR-0020). `log_reader`:
+        reads a partition range again when the views stand behind the records handed in
+        (lost writes, a resume past them); without it such a gap is only logged."""
         self.views = views
         self.params = params
         self.triggers = triggers
@@ -131,6 +153,12 @@ class PartitionHost:
         self._routes: dict[int, dict[type, tuple[Projection, ...]]] = {}
         self._tracked: dict[int, dict[str, int]] = {}
         self._topics: frozenset[str] | None = None  # the stored topics some projection folds
+        self.log_reader = log_reader
+        # partition -> the position this host's last commit left in the views (None: unknown)
+        self._committed: dict[int, int | None] = {}
+        # partition -> a position this host knows it committed, kept across a failed unit: the
+        # views found below it on reload have lost acknowledged writes (a Cassandra crash)
+        self._floor: dict[int, int] = {}
 
     # -- working sets and tracked positions -------------------------------------------------
 
@@ -155,14 +183,20 @@ class PartitionHost:
             }
         return t
 
-    def forget(self, partitions: Iterable[int] | None = None) -> None:
+    def forget(self, partitions: Iterable[int] | None = None, *, failed: bool = False) -> None:
         """Drop the working sets and tracked positions of these partitions (all when None):
-        a revoked partition, or a failed unit of work. Reloaded from the views when needed."""
+        a revoked partition, or (`failed`) a failed unit of work, after which the position
+        this host had committed is kept to check the views against. Reloaded when needed."""
         for partition in list(self._sets if partitions is None else partitions):
             for p in self._sets.pop(partition, ()):
                 p.forget()
             self._routes.pop(partition, None)
             self._tracked.pop(partition, None)
+            committed = self._committed.pop(partition, None)
+            if not failed:
+                self._floor.pop(partition, None)
+            elif committed is not None:
+                self._floor[partition] = max(self._floor.get(partition, 0), committed)
 
     @property
     def partitions(self) -> list[int]:
@@ -175,10 +209,91 @@ class PartitionHost:
         the mailbox-entry bound needs; returns how many records went into committed units.
         Raises when a unit fails (its working sets are dropped; retry the same records)."""
         self.stats.records += len(records)
+        records = self._resume(partition, records)
         done = 0
         while done < len(records):
             done += self._unit(partition, records[done:])
         return done
+
+    def _resume(self, partition: int, records: Sequence[Record]) -> Sequence[Record]:
+        """Check the views still stand where this host left them, (re)load the partition
+        if needed, and put in front of `records` those the views have not applied."""
+        if partition in self._tracked:
+            stored = self.views.log_position(partition)
+            committed = self._committed.get(partition)
+            if stored is not None and committed is not None and stored.position != committed:
+                if stored.position > committed:
+                    self.stats.fenced += 1
+                    self.forget([partition])  # reload what the other writer left
+                    raise Fenced(
+                        f"partition {partition}: the views were written up to position {stored.position} by "
+                        f"another worker while this one stood at {committed}; its working set is reloaded"
+                    )
+                self.forget([partition], failed=True)  # below what we committed: lost writes
+        if partition not in self._tracked:
+            records = self._load(partition, records)
+        return records
+
+    def _load(self, partition: int, records: Sequence[Record]) -> Sequence[Record]:
+        stored = self.views.log_position(partition)
+        tracked = self.tracked(partition)
+        self._committed[partition] = stored.position if stored is not None else None
+        floor = self._floor.pop(partition, None)
+        lost = floor is not None and (stored is None or stored.position < floor)
+        if lost:
+            self.stats.heals += 1
+            log.warning(
+                "partition %d: the views stand at position %s, below the %d this worker had committed: "
+                "they lost acknowledged writes (a Cassandra crash?); the log is read again from there",
+                partition,
+                stored.position if stored is not None else 0,
+                floor,
+            )
+        if stored is not None and stored.next_offset >= 0:
+            start: int | None = stored.next_offset
+        elif lost or max(tracked.values(), default=0) == 0:
+            start = 0  # nothing of this partition in the views: the whole partition precedes
+        else:
+            start = None  # views written before log positions were kept: nothing to go by
+        first = records[0].offset if records else -1
+        if start is None or first <= start:
+            return records
+        if self.log_reader is None:
+            if lost:
+                log.error("partition %d: no log reader to re-read offsets %d..%d", partition, start, first - 1)
+            return records
+        missing = self.log_reader.read(partition, start, first)
+        if missing:
+            self.stats.reread += len(missing)
+            log.info(
+                "partition %d: read %d records again (offsets %d..%d) the views had not applied",
+                partition,
+                len(missing),
+                start,
+                first - 1,
+            )
+        return [*missing, *records]
+
+    def _checkpoint(self, partition: int, committed: int | None, labels: set[str]) -> Callable[[str], None]:
+        """Called by the store between the steps of its commit: fault-injection points, and
+        after FENCE_RECHECK seconds (a long unit, a paused process) a check that no other
+        writer has written the partition past where this unit started (Fenced if so)."""
+        checked = [time.monotonic()]
+
+        def check(step: str) -> None:
+            failpoints.hit(f"commit.{step}", labels)
+            now = time.monotonic()
+            if committed is None or now - checked[0] < FENCE_RECHECK:
+                return
+            checked[0] = now
+            stored = self.views.log_position(partition)
+            if stored is not None and stored.position > committed:
+                raise Fenced(
+                    f"partition {partition}: another worker wrote its views up to position {stored.position} "
+                    f"while this one's unit (from {committed}) was being committed: the unit is stopped"
+                )
+
+        return check
 
     def _unit(self, partition: int, records: Sequence[Record]) -> int:
         projections = self.projections(partition)
@@ -193,9 +308,11 @@ class PartitionHost:
         count = applied = skipped = 0
         top = 0
         alone = False
+        labels: set[str] = set()  # the kinds of events in the unit (failpoints)
         try:
             with self.views.unit_of_work() as w:
                 w.partition = partition
+                w.checkpoint = self._checkpoint(partition, self._committed.get(partition), labels)
                 for r in records:
                     count += 1
                     top = max(top, r.position)
@@ -213,6 +330,7 @@ class PartitionHost:
                             break
                         alone = True
                     event = self.to_domain_event(r)
+                    labels.add(type(event).__name__)
                     for p in routes.get(type(event), ()):
                         if r.position > tracked[p.name]:
                             effects.extend(p.process(event, r.position, w))
@@ -223,13 +341,20 @@ class PartitionHost:
                 for p in projections:
                     p.flush(w)
                     w.track(p.name, last[p.name], partition)
+                offsets = [r.offset for r in records[:count] if r.offset >= 0]
+                w.track_log(partition, max(last.values()), max(offsets) + 1 if offsets else -1)
                 entries = w.mailbox_entries
+        except Fenced:
+            self.stats.fenced += 1
+            self.forget([partition])
+            raise
         except BaseException:
             # The working sets ran ahead of what committed: reload them from the views.
             self.stats.failures += 1
-            self.forget([partition])
+            self.forget([partition], failed=True)
             raise
         tracked.update(last)
+        self._committed[partition] = max(last.values())
         s = self.stats
         s.units += 1
         s.applied += applied
@@ -242,7 +367,6 @@ class PartitionHost:
             except Exception:
                 log.exception("acting on the effects failed (the views are committed)")
         return count
-
 
     def evaluate_capacity(self, monitor: CapacityMonitor) -> list[ReviewTrigger]:
         """T1/T2 over every partition's committed window; the triggers go to on_effects
@@ -259,15 +383,19 @@ class PartitionHost:
 # -- records from Kafka -------------------------------------------------------------------
 
 
-def group_by_partition(messages: Iterable[tuple[int, Any, bytes | None]]) -> dict[int, list[Record]]:
-    """(partition, headers, value) in arrival order -> partition -> its records in order.
-    A record neither the relay nor a test wrote is logged and left out (it can never apply)."""
+def group_by_partition(
+    messages: Iterable[tuple[int, Any, bytes | None] | tuple[int, Any, bytes | None, int]],
+) -> dict[int, list[Record]]:
+    """(partition, headers, value[, offset]) in arrival order -> partition -> its records in
+    order. A record neither the relay nor a test wrote is logged and left out (it can never apply)."""
     out: dict[int, list[Record]] = {}
-    for partition, headers, value in messages:
+    for message in messages:
+        partition, headers, value = message[:3]
+        offset = message[3] if len(message) > 3 else -1
         if isinstance(headers, Mapping):
             headers = list(headers.items())
         try:
-            rec = decode(headers, value)
+            rec = decode(headers, value, offset)
         except BadRecord as exc:
             log.error("skipped a record of partition %d: %s", partition, exc)
             continue
@@ -294,6 +422,11 @@ class Applier:
                 try:
                     await loop.run_in_executor(self.executor, self.host.apply, partition, by_partition[partition])
                     break
+                except (Fenced, LogGapUnreadable) as exc:
+                    # one line, no traceback: the retry reloads the partition from the views
+                    log.warning("%s", exc)
+                    self.last_error = str(exc)
+                    await asyncio.sleep(self.backoff)
                 except Exception as exc:
                     failures += 1
                     self.last_error = f"{type(exc).__name__}: {exc}"
@@ -393,8 +526,15 @@ class ProjectionWorker:
         self.settings = s = settings
         self.worker_id = worker_id()
         self._beat = beat
+        self.log_reader = KafkaPartitionReader(s.bootstrap, s.topic)
         self.host = PartitionHost(
-            views, params, to_domain_event, on_effects, max_entries_per_commit=s.max_entries_per_commit, triggers=False
+            views,
+            params,
+            to_domain_event,
+            on_effects,
+            max_entries_per_commit=s.max_entries_per_commit,
+            triggers=False,
+            log_reader=self.log_reader,
         )
         self.applier = Applier(self.host)
         ensure_topic(s.bootstrap, s.topic, s.partitions, s.replication)
@@ -446,7 +586,9 @@ class ProjectionWorker:
 
     async def _agent(self, stream: Any) -> None:
         async for events in stream.take_events(self.settings.batch, within=self.settings.within):
-            by_partition = group_by_partition((e.message.partition, e.message.headers, e.message.value) for e in events)
+            by_partition = group_by_partition(
+                (e.message.partition, e.message.headers, e.message.value, e.message.offset) for e in events
+            )
             await self.applier.apply(by_partition)
 
     def _ours(self, tps: Iterable[Any]) -> set[int]:
@@ -472,3 +614,4 @@ class ProjectionWorker:
         finally:
             self.heartbeat(leaving=True)
             self.applier.close()
+            self.log_reader.close()

@@ -82,8 +82,10 @@ class _NoTracking:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._w, name)
 
-    def track(self, projection: str, position: int) -> None:
-        pass
+    def track(self, projection: str, position: int, partition: int = 0) -> None:
+        # The tracking row is lost, but the unit still knows the position it applies: a
+        # store stamps the unit's rows with it (Cassandra: adapters/cassandra_stamps.py).
+        self._w.track_log(partition, position, -1)
 
 
 class _NoHeadNoTracking(_NoTracking):

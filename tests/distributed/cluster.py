@@ -41,14 +41,15 @@ class Cluster:
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
-    def start(self, name: str) -> subprocess.Popen[bytes]:
-        """`relay`, or `worker` / `worker-2` ...: a subprocess of `python -m cli.<kind>`."""
+    def start(self, name: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """`relay`, or `worker` / `worker-2` ...: a subprocess of `python -m cli.<kind>`
+        (`env`: more variables for this process alone, e.g. FANOUT_FAILPOINTS)."""
         kind = name.split("-")[0]
         args = [sys.executable, "-m", f"cli.{kind}"]
         if kind == "worker":
             args += ["--session-timeout", "6"]
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (owned by the process)
-        proc = subprocess.Popen(args, cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(args, cwd=ROOT, env={**self.env(), **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
         self.procs[name] = proc
         return proc
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from adapters.cassandra_stamps import stamp
 from cli.main import main
 from domain.params import Parameters
 from fanout.application import FanoutApplication
@@ -179,12 +180,18 @@ def test_verify_finds_a_corrupted_row_and_rebuild_restores_it(
     assert report["messages_total"] == 13 and report["entries_total"] > 1800  # merged over the 4 partitions
 
     # one corrupted row in each of three tables
+    # Written as a faulty unit at the views' position would write them (stamped between the
+    # units' rank and the rebuild's, adapters/cassandra_stamps.py): a write at the driver's
+    # wall-clock stamp would lose to the rows there and change nothing.
     last = rt.queries.mailbox(T, "u0100", 0, 100)["entries"][-1]["cursor"]
+    ts = stamp(max(rt.views.positions().values()), 1)
     cql(
         cluster.urls["FANOUT_VIEWS"],
-        f"UPDATE user_states SET read_conversation_seq=99 WHERE tenant='{T}' AND user_id='u0020' AND conversation_id='big'",
-        f"DELETE FROM mailbox WHERE tenant='{T}' AND user_id='u0100' AND pos={last}",
-        f"INSERT INTO heads_by_tenant (tenant, conversation_id, size_bucket) VALUES ('{T}', 'ghost', 'small')",
+        f"UPDATE user_states USING TIMESTAMP {ts} SET read_conversation_seq=99 "
+        f"WHERE tenant='{T}' AND user_id='u0020' AND conversation_id='big'",
+        f"DELETE FROM mailbox USING TIMESTAMP {ts} WHERE tenant='{T}' AND user_id='u0100' AND pos={last}",
+        f"INSERT INTO heads_by_tenant (tenant, conversation_id, size_bucket) VALUES ('{T}', 'ghost', 'small') "
+        f"USING TIMESTAMP {ts}",
     )
     code, out, err = run(capsys, "verify", "-q")
     assert code == 1, out + err

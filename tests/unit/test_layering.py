@@ -94,11 +94,16 @@ def real(name: str, known: dict[str, Path]) -> str:
     return name
 
 
+def engine_of(module: str) -> str:
+    """adapters.cassandra_views -> cassandra: the engine an adapter module talks to."""
+    return module.split(".")[-1].split("_")[0]
+
+
 def allowed(module: str, target: str) -> bool:
     """May `module` import `target` (both project modules)?"""
     layer, other = package_of(module), package_of(target)
-    if layer == other:  # within a package, except between two adapters
-        return layer != "adapters" or "adapters" in (module, target)
+    if layer == other:  # within a package; between two adapters only of one engine (cassandra_*)
+        return layer != "adapters" or "adapters" in (module, target) or engine_of(module) == engine_of(target)
     if other not in ALLOWED[layer]:
         return False
     if layer == "fanout" and other in ROOT_ONLY:

@@ -1,0 +1,57 @@
+"""Fault-injection points for the crash and fencing tests (no effect unless configured).
+
+A host or store calls `hit(name)` at a step where a real process can be paused or killed
+(a long GC pause, a VM stall): between the steps of a Cassandra commit, say. The tests
+start a process with FANOUT_FAILPOINTS naming the points and what happens there:
+
+    FANOUT_FAILPOINTS="commit.heads=stop@MessageSent#2"
+
+* `stop`: the process stops itself with SIGSTOP (the test sends SIGCONT later), once.
+* `@label`: only where the caller's labels include it (the host labels a unit with the
+  kinds of the events it applies: MessageSent, MembersJoined, ...); without it, any hit.
+* `#n`: at the n-th such hit (default the first).
+
+Read once from the environment at the first hit; costs a dict lookup per hit when unset."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Iterable
+
+log = logging.getLogger("fanout.failpoints")
+ENV = "FANOUT_FAILPOINTS"
+
+_points: dict[str, tuple[str, str | None, int]] | None = None
+_hits: dict[str, int] = {}
+
+
+def _parse(spec: str) -> dict[str, tuple[str, str | None, int]]:
+    out: dict[str, tuple[str, str | None, int]] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, _, action = item.partition("=")
+        action, _, nth = action.partition("#")
+        action, _, label = action.partition("@")
+        if action not in ("stop",):
+            raise ValueError(f"{ENV}: unknown action {action!r} in {item!r} (known: stop)")
+        out[name.strip()] = (action, label or None, int(nth or 1))
+    return out
+
+
+def hit(name: str, labels: Iterable[str] = ()) -> None:
+    global _points
+    if _points is None:
+        _points = _parse(os.environ.get(ENV, ""))
+    point = _points.get(name)
+    if point is None:
+        return
+    action, label, nth = point
+    if label is not None and label not in set(labels):
+        return
+    _hits[name] = _hits.get(name, 0) + 1
+    if _hits[name] != nth:
+        return
+    log.warning("failpoint %s: %s (pid %d)", name, action, os.getpid())
+    if action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
