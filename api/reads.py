@@ -29,19 +29,23 @@ _waiting_lock = threading.Lock()
 # -- blocking helpers (run in the executor) ------------------------------------
 
 
-def projected(rt: Runtime, position: int | None = None, timeout: float = READ_THROUGH_TIMEOUT) -> bool:
+def projected(
+    rt: Runtime, position: int | None = None, timeout: float = READ_THROUGH_TIMEOUT, partition: int | None = None
+) -> bool:
     """The one wait for the views: until the projector has applied `position` (default:
     the whole log as written now), at most `timeout` s. True once it has; False at the
-    timeout, or at once when no projector runs (nothing would move the views)."""
+    timeout, or at once when no projector runs (nothing would move the views). With a
+    `partition` (`scope`: a read of one conversation), only that log partition must
+    have applied it: a stalled other partition does not hold the read."""
     target = rt.log_position() if position is None else position
-    if rt.position() >= target:
+    if rt.position(partition) >= target:
         return True
     if not rt.running:
         return False
     with _waiting_lock:
         _waiting[rt] = _waiting.get(rt, 0) + 1
     try:
-        return rt.wait_until(target, timeout)
+        return rt.wait_until(target, timeout, partition)
     finally:
         with _waiting_lock:
             _waiting[rt] -= 1
@@ -53,9 +57,17 @@ def waiting_reads(rt: Runtime) -> int:
         return _waiting.get(rt, 0)
 
 
-def fresh(rt: Runtime, min_position: int | None) -> None:
+def scope(rt: Runtime, tenant: str, conversation_id: str) -> int | None:
+    """The log partition a read of this one conversation waits for (its head, messages,
+    delivery records, its members' read states are built from that partition's events
+    only); None: the whole log (the embedded runtime)."""
+    return rt.conversation_partition(tenant, conversation_id)
+
+
+def fresh(rt: Runtime, min_position: int | None, partition: int | None = None) -> None:
     """A read that asked for min_position: wait (bounded by FANOUT_FRESH_READ_TIMEOUT)
-    until the views hold it; UNAVAILABLE (503, Retry-After) if they do not in time."""
+    until the views (of `partition` only, when the read is of one conversation: `scope`)
+    hold it; UNAVAILABLE (503, Retry-After) if they do not in time."""
     if min_position is None:
         return
     log_position = rt.log_position()
@@ -65,8 +77,9 @@ def fresh(rt: Runtime, min_position: int | None) -> None:
             field="min_position",
             log_position=log_position,
         )
-    if not projected(rt, min_position, rt.params.fresh_read_timeout):
-        position = rt.position()
+    if not projected(rt, min_position, rt.params.fresh_read_timeout, partition):
+        position = rt.position(partition)
+        details: dict[str, Any] = {} if partition is None else {"partition": partition}
         raise Unavailable(
             f"the views are at log position {position}, not yet at min_position {min_position}; retry",
             position=position,
@@ -74,17 +87,19 @@ def fresh(rt: Runtime, min_position: int | None) -> None:
             log_position=log_position,
             projector_running=rt.running,
             retry_after_ms=1000,
+            **details,
         )
 
 
-def fresh_read(rt: Runtime, min_position: int | None, fn: Any, *args: Any) -> Any:
-    fresh(rt, min_position)
+def fresh_read(rt: Runtime, min_position: int | None, fn: Any, *args: Any, partition: int | None = None) -> Any:
+    fresh(rt, min_position, partition)
     return fn(*args)
 
 
-def read_through(rt: Runtime, fn: Any, *args: Any) -> Any:
+def read_through(rt: Runtime, fn: Any, *args: Any, partition: int | None = None) -> Any:
     """Read a view; on a miss, wait for the projection to catch up once and read again,
-    so a caller reads its own writes (a conversation it just created, a join)."""
+    so a caller reads its own writes (a conversation it just created, a join). A read of
+    one conversation waits for its `partition` only."""
     try:
         return fn(*args)
     except (NotFound, NotAMember):
@@ -92,7 +107,7 @@ def read_through(rt: Runtime, fn: Any, *args: Any) -> Any:
         # that check (a flaky read-your-write seen in CI). Waiting when caught up is free.
         if not rt.running:
             raise
-    projected(rt)
+    projected(rt, partition=partition)
     return fn(*args)
 
 
@@ -112,7 +127,8 @@ def check_seq_exists(rt: Runtime, tenant: str, conversation_id: str, seq: int, f
 
 
 def history(rt: Runtime, tenant: str, conversation_id: str, user_id: str, after_seq: int, limit: int) -> Any:
-    read_through(rt, rt.queries.require_member, tenant, conversation_id, user_id)
+    partition = scope(rt, tenant, conversation_id)
+    read_through(rt, rt.queries.require_member, tenant, conversation_id, user_id, partition=partition)
     check_seq_exists(rt, tenant, conversation_id, after_seq, "after_seq")
     return rt.queries.history(tenant, conversation_id, user_id, after_seq, limit)
 
@@ -120,7 +136,7 @@ def history(rt: Runtime, tenant: str, conversation_id: str, user_id: str, after_
 def delivery(
     rt: Runtime, tenant: str, conversation_id: str, seq: int, min_position: int | None = None
 ) -> dict[str, Any]:
-    fresh(rt, min_position)
+    fresh(rt, min_position, scope(rt, tenant, conversation_id))
     check_seq_exists(rt, tenant, conversation_id, seq, "seq")
     try:
         return rt.queries.delivery(tenant, conversation_id, seq)
@@ -145,7 +161,7 @@ def conversation_sessions(rt: Runtime, tenant: str, user_id: str, conversation_i
 def rebuild(rt: Runtime, tenant: str, conversation_id: str, user_id: str) -> dict[str, Any]:
     """REBUILD, then the conversation's fresh session item once it is projected."""
     result = rt.app.request_rebuild(tenant, conversation_id, user_id)
-    projected(rt, result["position"], REBUILD_TIMEOUT)
+    projected(rt, result["position"], REBUILD_TIMEOUT, scope(rt, tenant, conversation_id))
     return {**result, **conversation_sessions(rt, tenant, user_id, conversation_id)}
 
 

@@ -26,6 +26,7 @@ from api.reads import (
     rebuild,
     review,
     review_list,
+    scope,
 )
 from domain.errors import InvalidArgument
 from domain.params import SizeBucket
@@ -168,9 +169,12 @@ async def get_conversation(request: web.Request, who: Claims, data: schemas.Fres
     rt = request.app[RUNTIME]
     cid = request.match_info["cid"]
     at = min_position(request, data)
+    partition = scope(rt, who.tenant, cid)  # a read of one conversation: its log partition only
     if at is not None:
-        return reply(await blocking(request.app, fresh_read, rt, at, rt.queries.head, who.tenant, cid))
-    return reply(await blocking(request.app, read_through, rt, rt.queries.head, who.tenant, cid))
+        return reply(
+            await blocking(request.app, fresh_read, rt, at, rt.queries.head, who.tenant, cid, partition=partition)
+        )
+    return reply(await blocking(request.app, read_through, rt, rt.queries.head, who.tenant, cid, partition=partition))
 
 
 @endpoint(
@@ -317,9 +321,8 @@ async def my_history(request: web.Request, who: Claims, data: schemas.HistoryQue
     rt = request.app[RUNTIME]
     cid = request.match_info["cid"]
     at = min_position(request, data)
-    return reply(
-        await blocking(request.app, fresh_read, rt, at, history, rt, who.tenant, cid, who.sub, data.after_seq, data.limit)
-    )
+    args = (history, rt, who.tenant, cid, who.sub, data.after_seq, data.limit)
+    return reply(await blocking(request.app, fresh_read, rt, at, *args, partition=scope(rt, who.tenant, cid)))
 
 
 @endpoint(

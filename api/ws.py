@@ -21,7 +21,7 @@ from api import schemas
 from api.endpoint import USER, Spec, authorize, parse_json, validation_details
 from api.errors import error_response
 from api.keys import MAX_BODY_BYTES, MAX_CONNECTIONS, METRICS, RUNTIME, SECRET, SOCKETS, blocking
-from api.reads import REBUILD_TIMEOUT, conversation_sessions, history, projected
+from api.reads import REBUILD_TIMEOUT, conversation_sessions, history, projected, scope
 from domain.errors import FanoutError, InvalidArgument, RateLimited, Unavailable
 from fanout import strict_json
 from fanout.overload import storage_unavailable
@@ -200,7 +200,8 @@ async def handle(app: web.Application, claims: Claims, raw: str, emit: Emit) -> 
         else:
             result = await blocking(app, rt.app.request_rebuild, tenant, frame.conversation_id, user)
             emit({"type": "REBUILD_OK", **result})
-            await blocking(app, projected, rt, result["position"], REBUILD_TIMEOUT)
+            partition = scope(rt, tenant, frame.conversation_id)  # that conversation's log partition only
+            await blocking(app, projected, rt, result["position"], REBUILD_TIMEOUT, partition)
             fresh = await blocking(app, conversation_sessions, rt, tenant, user, frame.conversation_id)
             emit({"type": "SESSION_LIST_BATCH", **fresh, "last": True})
     except FanoutError as error:

@@ -35,6 +35,7 @@ from projections.delivery import Delivered
 from projections.hosting import PROJECTIONS, Effect
 from projections.ports import MailboxStore, ViewStore
 from streams.embedded import EmbeddedRunner
+from streams.routing import conversation_partition
 
 if TYPE_CHECKING:  # the distributed engines' clients are imported when that runtime is built
     from adapters.cassandra_rebuild import CassandraAsideBuilds
@@ -279,14 +280,17 @@ class EmbeddedRuntime:
     def failure_reason(self) -> str | None:
         return self.runner.failure_reason
 
-    def position(self) -> int:
-        return self.runner.position()
+    def position(self, partition: int | None = None) -> int:
+        return self.runner.position()  # one log, one partition: the same position
 
     def log_position(self) -> int:
         return self.runner.log_position()
 
-    def wait_until(self, position: int, timeout: float = 30.0) -> bool:
+    def wait_until(self, position: int, timeout: float = 30.0, partition: int | None = None) -> bool:
         return self.runner.wait_until(position, timeout)
+
+    def conversation_partition(self, tenant: str, conversation_id: str) -> int | None:
+        return None  # the runner applies the log in one order: no partition to wait for apart
 
     def catch_up(self) -> None:
         if self.runner.running:
@@ -444,7 +448,15 @@ def bootstrap_distributed(
     if views is None:
         views = built = open_cassandra_views(cassandra_settings(settings.views), partitions=kafka.partitions)
     try:
-        return DistributedRuntime(settings.params, env, views, KafkaEngines(kafka), partitions=kafka.partitions, clock=clock)
+        return DistributedRuntime(
+            settings.params,
+            env,
+            views,
+            KafkaEngines(kafka),
+            partitions=kafka.partitions,
+            route=conversation_partition,
+            clock=clock,
+        )
     except BaseException:
         if built is not None:
             built.close()

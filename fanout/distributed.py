@@ -9,7 +9,12 @@ hold position P when every log partition has applied everything up to P: the wor
 track, per (projection, partition), the last event or relay watermark applied
 (streams/records.py), and `low_watermark` is the minimum over the partitions. A
 watcher thread reads it a few times a second, so backpressure checks and read-your-writes
-waits cost no query each."""
+waits cost no query each.
+
+A read of one conversation needs only the partition its events are routed to (`route`,
+streams/routing.py, given by the composition root): while some other partition is behind
+(its worker stalled or failed over), such a read waits for its own partition's tracked
+position, which the watcher then also reads, for the partitions someone waits on only."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, Self
 
+from domain.errors import InvalidArgument
 from domain.params import Parameters
 from fanout.application import FanoutApplication
 from fanout.overload import Backpressure
@@ -68,12 +74,14 @@ class DistributedRuntime:
         engines: Engines,
         *,
         partitions: int,
+        route: Callable[[str, str, int], int] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.params = params
         self.views = views
         self.engines = engines
         self.partitions = partitions
+        self.route = route  # (tenant, conversation_id, partitions) -> the log partition of its events
         self.clock = clock
         reads = ViewReads(views, position=lambda: self.committed, catch_up=self._projected)
         self.app = reads.app = FanoutApplication(
@@ -95,6 +103,11 @@ class DistributedRuntime:
         self.started_at = time.time()
         self.health: dict[str, Any] = {}
         self._progress = threading.Condition()
+        # Partitions read waits are parked on (partition -> how many), and the last tracked
+        # position the watcher read for each: a partition ahead of the low watermark answers
+        # the reads of its conversations without waiting for the slowest partition.
+        self._wanted: dict[int, int] = {}
+        self._partition_positions: dict[int, int] = {}
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._pushes: Closeable | None = None
@@ -125,11 +138,28 @@ class DistributedRuntime:
                 self.last_error, self.failure_reason = f"views: {type(exc).__name__}: {exc}", "views_unreachable"
                 self._stop.wait(1.0)
                 continue
-            if committed != self.committed:
-                with self._progress:
+            partitions = self._read_wanted_partitions()
+            with self._progress:
+                for p in set(self._partition_positions) - self._wanted.keys():  # read afresh when waited on again
+                    del self._partition_positions[p]
+                moved = {p: pos for p, pos in partitions.items() if self._partition_positions.get(p) != pos}
+                if committed != self.committed or moved:
                     self.committed = committed
+                    self._partition_positions.update(moved)
                     self._progress.notify_all()
             self._stop.wait(WATCH_INTERVAL)
+
+    def _read_wanted_partitions(self) -> dict[int, int]:
+        """The tracked position of each partition a read waits on now (one row each)."""
+        with self._progress:
+            wanted = sorted(self._wanted)
+        found: dict[int, int] = {}
+        for p in wanted:
+            try:
+                found[p] = self.views.position(DeliveryProjection.name, p)
+            except Exception:  # the low watermark's read answered a moment ago: again at the next tick
+                continue
+        return found
 
     def _check_health(self) -> None:
         while not self._stop.is_set():
@@ -162,28 +192,52 @@ class DistributedRuntime:
     def running(self) -> bool:
         return bool(self._threads) and not self._stop.is_set()
 
-    def position(self) -> int:
-        return self.committed
+    def position(self, partition: int | None = None) -> int:
+        if partition is None:
+            return self.committed
+        return max(self.committed, self._partition_positions.get(partition, 0))
 
     def log_position(self) -> int:
         return self.app.log_position()
 
-    def wait_until(self, position: int, timeout: float = 30.0) -> bool:
+    def conversation_partition(self, tenant: str, conversation_id: str) -> int | None:
+        if self.route is None:
+            return None
+        try:
+            return self.route(tenant, conversation_id, self.partitions)
+        except InvalidArgument:  # not a valid id: the read itself says so
+            return None
+
+    def wait_until(self, position: int, timeout: float = 30.0, partition: int | None = None) -> bool:
         deadline = time.monotonic() + timeout
         if not self.running:  # no watcher: read the views directly
-            while self.views.low_watermark(DeliveryProjection.name) < position:
+            while self._read_position(partition) < position:
                 if time.monotonic() >= deadline:
                     return False
                 time.sleep(WATCH_INTERVAL)
-            self.committed = max(self.committed, self.views.low_watermark(DeliveryProjection.name))
             return True
         with self._progress:
-            while self.committed < position:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._progress.wait(min(left, 0.1))
+            if partition is not None:
+                self._wanted[partition] = self._wanted.get(partition, 0) + 1
+            try:
+                while self.position(partition) < position:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._progress.wait(min(left, 0.1))
+            finally:
+                if partition is not None:
+                    self._wanted[partition] -= 1
+                    if not self._wanted[partition]:
+                        del self._wanted[partition]
         return True
+
+    def _read_position(self, partition: int | None) -> int:
+        """The position of the views (or of one partition of them) read now, remembered."""
+        self.committed = max(self.committed, self.views.low_watermark(DeliveryProjection.name))
+        if partition is None:
+            return self.committed
+        return max(self.committed, self.views.position(DeliveryProjection.name, partition))
 
     def catch_up(self) -> None:
         self.wait_projected(timeout=120.0)

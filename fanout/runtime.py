@@ -42,14 +42,23 @@ class Runtime(Protocol):
     def failure_reason(self) -> str | None:
         """storage_full, storage_error or projector_failed, while last_error is set."""
 
-    def position(self) -> int:
-        """The log position the views hold."""
+    def position(self, partition: int | None = None) -> int:
+        """The log position the views hold: every event up to it is applied. With a
+        `partition` (of `conversation_partition`): every event up to it routed to that
+        partition is applied (at least `position()`)."""
 
     def log_position(self) -> int:
         """The last position written to the event log (touches the event store)."""
 
-    def wait_until(self, position: int, timeout: float = 30.0) -> bool:
-        """Block until the views hold `position`; False at the timeout."""
+    def wait_until(self, position: int, timeout: float = 30.0, partition: int | None = None) -> bool:
+        """Block until the views hold `position` (of that `partition` only, when given);
+        False at the timeout."""
+
+    def conversation_partition(self, tenant: str, conversation_id: str) -> int | None:
+        """The log partition of the events every view of this one conversation is built from
+        (its head, messages, delivery records, its members' read states): a read of it needs
+        only that partition to hold a position. None when the log is not partitioned (the
+        embedded runtime) or the id is not a valid one: then the whole log counts."""
 
     def catch_up(self) -> None:
         """Project every event written so far before returning (the demo, scripts). The

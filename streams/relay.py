@@ -48,11 +48,11 @@ from eventsourcing.postgres import PostgresApplicationRecorder, PostgresSubscrip
 from eventsourcing.utils import resolve_topic
 from psycopg.sql import SQL, Identifier
 
-from domain.conversation import Conversation
 from domain.reads import MemberReadState
 from domain.review import Review
 from domain.tier import Tier
 from streams.records import EventRecord, Watermark, position_of
+from streams.routing import PARTITIONER, conversation_key
 
 log = logging.getLogger("fanout.relay")
 # librdkafka's own log lines (a broker down: one line per reconnect attempt) go here, not to stderr.
@@ -101,8 +101,8 @@ def transactional_id_for(topic: str) -> str:
 
 
 class RoutingKeys:
-    """The key of each event's record: it decides the partition, and Kafka keeps the order
-    of one key's records.
+    """The key of each event's record: it decides the partition (streams/routing.py: CRC-32
+    of the key modulo partitions), and Kafka keeps the order of one key's records.
 
     * Conversation events: str(originator_id), the conversation's aggregate id;
     * MemberReadState events (a member's reads, ADR-0018): the key of THEIR CONVERSATION,
@@ -158,7 +158,7 @@ class RoutingKeys:
             self._read_conversation.move_to_end(originator)
             return found
         read: Any = self.app.mapper.to_domain_event(note)
-        key = str(Conversation.create_id(read.tenant, read.conversation_id))
+        key = conversation_key(read.tenant, read.conversation_id)
         self._read_conversation[originator] = key
         while len(self._read_conversation) > self.cache_size:
             self._read_conversation.popitem(last=False)
@@ -473,6 +473,8 @@ class Relay:
                 "transactional.id": self.transactional_id,
                 "enable.idempotence": True,
                 "acks": "all",
+                # where a key lands (streams/routing.py): the replicas' per-conversation fresh reads rely on it
+                "partitioner": PARTITIONER,
                 "linger.ms": max(0, int(self.linger * 1000)),
                 "compression.type": "lz4",
                 "message.max.bytes": MAX_RECORD_BYTES + 1024 * 1024,

@@ -42,6 +42,7 @@ from fanout.clock import FakeClock
 from fanout.urls import KafkaSettings, kafka_settings, postgres_env
 from streams.records import EventRecord, Watermark, decode
 from streams.relay import Relay, relayed_position
+from streams.routing import conversation_partition, partition_of
 
 ROOT = Path(__file__).resolve().parents[2]
 TENANT = "acme"
@@ -269,6 +270,11 @@ def test_events_arrive_once_in_order_with_their_keys(store: tuple[str, dict[str,
         assert relayed_position(kafka.bootstrap, kafka.topic) == w.top()
 
         partition_of_key = {s.key: s.partition for s in events}
+        # the relay's producer puts each key where streams/routing.py says (fresh reads rely on it)
+        assert all(p == partition_of(key, kafka.partitions) for key, p in partition_of_key.items() if key)
+        for cid in w.convs:
+            key = str(Conversation.create_id(TENANT, cid))
+            assert partition_of_key[key] == conversation_partition(TENANT, cid, kafka.partitions)
         reads = 0
         for s in events:
             rec = s.record

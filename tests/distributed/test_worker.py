@@ -21,7 +21,6 @@ import subprocess
 import sys
 import time
 import uuid
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from streams.embedded import EmbeddedRunner
 from streams.pushes import PushSubscriber, ensure_topic, pushes_topic
 from streams.records import EventRecord, Watermark
 from streams.relay import RoutingKeys
+from streams.routing import partition_of
 from streams.worker import PartitionHost, Record
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -489,12 +489,13 @@ def routing_key(note: Any) -> str:
 
 
 def partitioned(notes: Sequence[Any], partitions: int = PARTITIONS) -> dict[int, list[Record]]:
-    """The notes routed by aggregate id, each partition ending with the top watermark. A
-    stable hash (crc32), not hash(): str hashes change per process (PYTHONHASHSEED), and one
-    run in about fourteen left a partition without any conversation."""
+    """The notes routed as the relay routes them (streams/routing.py: crc32 of the key), each
+    partition ending with the top watermark. A stable hash, not hash(): str hashes change per
+    process (PYTHONHASHSEED), and one run in about fourteen left a partition without any
+    conversation."""
     out: dict[int, list[Record]] = {p: [] for p in range(partitions)}
     for n in notes:
-        out[zlib.crc32(routing_key(n).encode()) % partitions].append(event_record(n))
+        out[partition_of(routing_key(n), partitions)].append(event_record(n))
     for p in out:
         out[p].append(Watermark(notes[-1].id))
     return out
