@@ -1,0 +1,154 @@
+"""The projection host's fencing and healing (streams/worker.py PartitionHost, ADR-0021),
+engine-free: the in-memory views, a log of real events (popo event store), records with
+Kafka-like offsets and a log reader over the same records.
+
+* The views lose the last units this host committed (what a Cassandra crash with a periodic
+  commit log does): the host notices before its next batch, reloads, reads the lost range
+  again from the offset kept with the tracking, and ends with the reference views.
+* A partition resumed past where the views stand (Kafka's committed offsets ahead of the
+  views) is filled from the log first.
+* Another writer has written the partition past this host: Fenced, one line, reloaded.
+* A unit that runs past FENCE_RECHECK while another writer moves the partition is stopped
+  between its commit steps, before its tracking."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from adapters.memory import MemoryViews
+from streams import worker as worker_module
+from streams.records import EventRecord, Watermark
+from streams.worker import Fenced, Record
+from tests.distributed.test_worker import LogBuilder, host_for, partitioned, popo_log, snapshot  # noqa: F401
+
+Offsets = dict[int, list[Record]]
+
+
+def with_offsets(by_partition: dict[int, list[Record]]) -> Offsets:
+    """Each partition's records at offsets 0, 2, 4, ... (a transaction marker between two)."""
+    return {p: [dataclasses.replace(r, offset=2 * i) for i, r in enumerate(rs)] for p, rs in by_partition.items()}
+
+
+class ListReader:
+    """A LogReader over the records of each partition (what Kafka holds)."""
+
+    def __init__(self, log: Offsets) -> None:
+        self.log = log
+        self.reads: list[tuple[int, int, int]] = []
+
+    def read(self, partition: int, start: int, end: int) -> list[EventRecord | Watermark]:
+        self.reads.append((partition, start, end))
+        return [r for r in self.log[partition] if start <= r.offset < end]
+
+
+def host(b: LogBuilder, views: Any, log: Offsets) -> Any:
+    h = host_for(b, views)
+    h.log_reader = ListReader(log)
+    return h
+
+
+def apply_all(h: Any, log: Offsets, batch: int) -> None:
+    for p, records in log.items():
+        for i in range(0, len(records), batch):
+            h.apply(p, records[i : i + batch])
+
+
+def test_views_that_lost_the_last_units_are_healed_from_the_log(popo_log: LogBuilder) -> None:  # noqa: F811
+    log = with_offsets(partitioned(popo_log.notes()))
+    lost_views = MemoryViews()  # what is left after the crash: the first half of each partition
+    first = host(popo_log, lost_views, log)
+    halves = {p: len(rs) // 2 for p, rs in log.items()}
+    assert all(len(rs) > halves[p] + 4 for p, rs in log.items()), {p: len(rs) for p, rs in log.items()}
+    for p, rs in log.items():
+        first.apply(p, rs[: halves[p]])
+    views = MemoryViews()
+    h = host(popo_log, views, log)
+    for p, rs in log.items():
+        h.apply(p, rs[: halves[p] + 3])  # three more records committed, then lost
+    h.views = lost_views  # the views came back without them
+    for p, rs in log.items():
+        h.apply(p, rs[halves[p] + 3 :])  # the records after: the three lost ones must come back
+    assert snapshot(lost_views) == snapshot(popo_log.views)
+    assert h.stats.heals == len(log)
+    # read again from the offset after the last record the views kept (offsets are even here)
+    assert {(p, start) for p, start, _ in h.log_reader.reads} == {(p, 2 * halves[p] - 1) for p in log}
+
+
+def test_a_partition_resumed_past_the_views_is_filled_from_the_log_first(popo_log: LogBuilder) -> None:  # noqa: F811
+    log = with_offsets(partitioned(popo_log.notes()))
+    views = MemoryViews()
+    h = host(popo_log, views, log)
+    for p, rs in log.items():
+        h.apply(p, rs[:3])
+    h.forget()  # a restart: Kafka's committed offsets say 6 records were done, the views hold 3
+    for p, rs in log.items():
+        h.apply(p, rs[6:])
+    assert snapshot(views) == snapshot(popo_log.views)
+    assert h.stats.reread == 3 * len(log) and h.stats.heals == 0
+
+
+def test_a_host_whose_partition_was_written_past_it_is_fenced_and_reloads(popo_log: LogBuilder) -> None:  # noqa: F811
+    log = with_offsets(partitioned(popo_log.notes()))
+    views = MemoryViews()
+    stale, owner = host(popo_log, views, log), host(popo_log, views, log)
+    for p, rs in log.items():
+        stale.apply(p, rs[:4])
+    for p, rs in log.items():
+        owner.apply(p, rs[:8])  # took the partitions over and moved on
+    for p, rs in log.items():
+        with pytest.raises(Fenced, match="another worker"):
+            stale.apply(p, rs[4:6])  # wakes up with the records it had fetched
+        stale.apply(p, rs[4:6])  # the retry reloads: everything at or below the owner's is skipped
+    assert stale.stats.fenced == len(log)
+    for p, rs in log.items():
+        owner.apply(p, rs[8:])
+    assert snapshot(views) == snapshot(popo_log.views)
+
+
+class SteppedViews(MemoryViews):
+    """In-memory views whose commit calls the writer's checkpoint between two steps, and
+    runs `between` (another writer's commit) there once, as Cassandra's commit would."""
+
+    between: Any = None
+
+    def unit_of_work(self, *args: Any, **kwargs: Any) -> Any:
+        from contextlib import contextmanager
+
+        inner = super().unit_of_work
+
+        @contextmanager
+        def unit() -> Any:
+            with inner(*args, **kwargs) as w:
+                yield w
+                if w.checkpoint is not None and w.positions:
+                    w.checkpoint("heads")
+                    if self.between is not None:
+                        run, self.between = self.between, None
+                        run()
+                    w.checkpoint("tracking")
+
+        return unit()
+
+
+def test_a_unit_paused_mid_commit_is_stopped_before_its_tracking(
+    popo_log: LogBuilder,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(worker_module, "FENCE_RECHECK", 0.0)  # every step checks (a long pause)
+    log = with_offsets(partitioned(popo_log.notes()))
+    views = SteppedViews()
+    stale, owner = host(popo_log, views, log), host(popo_log, views, log)
+    p, rs = next((p, rs) for p, rs in log.items() if len(rs) > 8)
+    stale.apply(p, rs[:3])
+    views.between = lambda: owner.apply(p, rs[:8])  # the takeover lands while the stale unit commits
+    with pytest.raises(Fenced, match="unit is stopped"):
+        stale.apply(p, rs[3:5])
+    assert views.log_position(p).position == max(r.position for r in rs[:8])
+    owner.apply(p, rs[8:])
+    for q, others in log.items():
+        if q != p:
+            owner.apply(q, others)
+    assert snapshot(views) == snapshot(popo_log.views)
