@@ -34,7 +34,7 @@ from uuid import UUID
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import RecordConflictError, Recording
-from eventsourcing.utils import get_topic
+from eventsourcing.utils import Environment, EnvType, get_topic
 
 from domain.conversation import Conversation, check_id
 from domain.errors import AlreadyExists, FanoutError, InvalidArgument, NotFound, Unavailable
@@ -152,6 +152,16 @@ class FanoutApplication(Application[UUID]):
         self._flusher: threading.Thread | None = None
         self._closing = threading.Event()
         self.activity_events = 0  # MembersActive events saved
+
+    def construct_env(self, name: str, env: EnvType | None = None) -> Environment:
+        """eventsourcing's environment; on PostgreSQL the recorder creates its tables under
+        an advisory lock (fanout/event_store.py), so processes starting at once do not race."""
+        environment = super().construct_env(name, env)
+        if environment.get("PERSISTENCE_MODULE") == "eventsourcing.postgres" and not environment.get(
+            "APPLICATION_RECORDER_TOPIC"
+        ):
+            environment["APPLICATION_RECORDER_TOPIC"] = "fanout.event_store:SchemaLockedRecorder"
+        return environment
 
     # -- plumbing ------------------------------------------------------------
 

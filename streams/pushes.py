@@ -167,24 +167,35 @@ MAX_PUSH_BYTES = 32 * 1024 * 1024  # a 100k-member push with the member lists, w
 
 def ensure_topic(bootstrap: str, topic: str, partitions: int, replication: int = 1, timeout: float = 30.0) -> bool:
     """Create `topic` unless it exists; returns whether it was created here. An existing
-    topic is left as it is (its partition count included)."""
+    topic is left as it is (its partition count included). Returns once every partition
+    has a leader (or after `timeout`): a topic another process created a moment ago may not
+    have them yet, and the caller asks for its partitions next."""
     admin = AdminClient({"bootstrap.servers": bootstrap})  # kept referenced until the futures resolve
-    if topic in admin.list_topics(timeout=timeout).topics:
-        return False
-    new = NewTopic(
-        topic,
-        num_partitions=partitions,
-        replication_factor=replication,
-        config={"max.message.bytes": str(MAX_PUSH_BYTES)},
-    )
-    futures = admin.create_topics([new])
-    try:
-        futures[topic].result(timeout)
-    except KafkaException as exc:
-        if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
-            return False
-        raise
-    return True
+    created = False
+    if topic not in admin.list_topics(timeout=timeout).topics:
+        new = NewTopic(
+            topic,
+            num_partitions=partitions,
+            replication_factor=replication,
+            config={"max.message.bytes": str(MAX_PUSH_BYTES)},
+        )
+        futures = admin.create_topics([new])
+        try:
+            futures[topic].result(timeout)
+            created = True
+        except KafkaException as exc:
+            code = exc.args[0].code() if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if code != KafkaError.TOPIC_ALREADY_EXISTS:  # another process created it first: success
+                raise
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        t = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+        if t is not None and t.error is None and t.partitions and all(
+            pm.error is None and pm.leader >= 0 for pm in t.partitions.values()
+        ):
+            break
+        time.sleep(0.05)
+    return created
 
 
 def partition_count(bootstrap: str, topic: str, timeout: float = 30.0) -> int:

@@ -1,0 +1,51 @@
+"""Open what a process of the distributed runtime opens at start-up, and nothing more, for
+the start-up race tests (test_startup.py): the event store as every worker, relay and
+replica opens it (its tables created if absent), and the event topic and the pushes topic
+as the worker and the relay create them.
+
+    python -m tests.distributed.open_stores AT [views]
+
+The process imports everything first, then waits until the wall clock reaches AT (epoch
+seconds), so the processes a test starts together open the stores at the same moment, not
+one import time apart. `views`: also the Cassandra keyspace and its tables. The engine URLs
+come from FANOUT_EVENT_STORE, FANOUT_LOG and FANOUT_VIEWS. Prints `OPENED` and exits 0, or
+prints the error's first line and exits 1."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from domain.params import Parameters
+from fanout.application import FanoutApplication
+from fanout.bootstrap import open_cassandra_views
+from fanout.urls import cassandra_settings, kafka_settings, postgres_env
+from streams.pushes import ensure_topic, partition_count, pushes_topic
+from streams.relay import ensure_topic as relay_ensure_topic
+
+
+def main(argv: list[str]) -> int:
+    at, *what = argv
+    kafka = kafka_settings(os.environ["FANOUT_LOG"])
+    time.sleep(max(0.0, float(at) - time.time()))
+    try:
+        app = FanoutApplication(Parameters(), postgres_env(os.environ["FANOUT_EVENT_STORE"]), shared_store=True)
+        app.close()
+        # the event topic as the worker creates it (then counts its partitions) and as the relay does
+        ensure_topic(kafka.bootstrap, kafka.topic, kafka.partitions, kafka.replication)
+        partition_count(kafka.bootstrap, kafka.topic)
+        relay_ensure_topic(kafka.bootstrap, kafka.topic, kafka.partitions, kafka.replication)
+        ensure_topic(kafka.bootstrap, pushes_topic(kafka.topic), kafka.partitions, kafka.replication)
+        if "views" in what:
+            open_cassandra_views(cassandra_settings(os.environ["FANOUT_VIEWS"]), partitions=kafka.partitions).close()
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        print(f"FAILED {type(exc).__name__}: {first}", flush=True)
+        return 1
+    print("OPENED", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
