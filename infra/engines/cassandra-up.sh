@@ -17,6 +17,9 @@
 #   FANOUT_ENGINES_CASSANDRA_HEAP          -Xms/-Xmx, default 2g (512m ran out of heap under the 100k-member crash tests)
 #   FANOUT_ENGINES_CASSANDRA_KEYSPACE      keyspace named in the printed URL, default fanout
 #   FANOUT_ENGINES_CASSANDRA_MLOCK=1       let Cassandra mlockall (as root that pins the whole heap)
+#   FANOUT_ENGINES_CASSANDRA_COMMITLOG     group (default: acknowledged after fsync, 15 ms group window),
+#                                          batch (fsync per write batch) or periodic (fsync every 10 s:
+#                                          a crash can lose the last seconds of acknowledged writes)
 # Needs a Java 11 or 17 (Cassandra 5.0 does not run on 21+; JAVA_HOME honoured when it fits) and,
 # for the first fetch only, mvn.
 set -euo pipefail
@@ -28,6 +31,12 @@ VERSION="${FANOUT_ENGINES_CASSANDRA_VERSION:-5.0.9}"
 PORT="${FANOUT_ENGINES_CASSANDRA_PORT:-19042}"
 SPORT="${FANOUT_ENGINES_CASSANDRA_STORAGE_PORT:-17000}"
 HEAP="${FANOUT_ENGINES_CASSANDRA_HEAP:-2g}"
+case "${FANOUT_ENGINES_CASSANDRA_COMMITLOG:-group}" in
+  group) COMMITLOG="commitlog_sync: group\ncommitlog_sync_group_window: 15ms" ;;
+  batch) COMMITLOG="commitlog_sync: batch" ;;
+  periodic) COMMITLOG="commitlog_sync: periodic\ncommitlog_sync_period: 10000ms" ;;
+  *) echo "cassandra-up: FANOUT_ENGINES_CASSANDRA_COMMITLOG must be group, batch or periodic" >&2; exit 2 ;;
+esac
 KEYSPACE="${FANOUT_ENGINES_CASSANDRA_KEYSPACE:-fanout}"
 LIB="$ENGINES_CACHE/cassandra-$VERSION"
 BASE="$ENGINES_DIR/cassandra"
@@ -75,7 +84,7 @@ if [[ "${FANOUT_ENGINES_FRESH:-0}" == 1 ]]; then log "FANOUT_ENGINES_FRESH=1: wi
 mkdir -p "$CONF/triggers" "$DATA" "$LOGS"
 [[ -f "$LOGS/system.log" ]] && mv -f "$LOGS/system.log" "$LOGS/system.log.prev"
 sed -e "s#@DATA@#$DATA#g" -e "s#@HOST@#127.0.0.1#g" -e "s#@CQL_PORT@#$PORT#g" \
-    -e "s#@STORAGE_PORT@#$SPORT#g" -e "s#@CLUSTER@#fanout-local#g" \
+    -e "s#@STORAGE_PORT@#$SPORT#g" -e "s#@CLUSTER@#fanout-local#g" -e "s#@COMMITLOG@#$COMMITLOG#g" \
     "$ENGINES_HERE/cassandra.yaml.tmpl" > "$CONF/cassandra.yaml"
 cp "$ENGINES_HERE/cassandra-logback.xml" "$CONF/logback.xml"
 mapfile -t JOPTS < <(grep -E '^-' "$ENGINES_HERE/cassandra-jvm.options")

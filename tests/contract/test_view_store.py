@@ -301,6 +301,23 @@ class ViewStoreContract:
         assert [m["conversation_seq"] for m in views.messages(T, "c", 2, 2)] == [3, 4]
         assert views.messages("other", "c", 0, 10) == []
 
+    def test_a_unit_records_where_it_leaves_its_log_partition(self, views: Any) -> None:
+        assert views.log_position(0) is None
+        with views.unit_of_work() as w:
+            w.track("delivery", 7)
+            w.track_log(0, 7, 42)
+        assert views.log_position(0) == (7, 42) and views.log_position(1) is None
+
+    def test_a_capacity_body_is_compared_and_set(self, views: Any) -> None:
+        first = {"firing": {"T1": True}, "episodes": {"T1": 1}}
+        assert views.compare_and_put_capacity("capacity.monitor", None, first)
+        assert not views.compare_and_put_capacity("capacity.monitor", None, {"firing": {}})  # exists now
+        second = {"firing": {"T1": False}, "episodes": {"T1": 1}}
+        assert views.compare_and_put_capacity("capacity.monitor", first, second)
+        stale = {"firing": {"T1": True}, "episodes": {"T1": 2}}
+        assert not views.compare_and_put_capacity("capacity.monitor", first, stale)  # read before `second`
+        assert views.capacity_state("capacity.monitor") == second
+
 
 class PartitionedLogContract:
     """Stores built with partitions=2 (a log of two Kafka partitions): the mailbox is
@@ -413,6 +430,61 @@ class TestCassandraViews(ViewStoreContract, PartitionedLogContract):
 
     def make_partitioned(self, path: Path) -> ViewStore:
         return self.ks.views(partitions=2)
+
+    def test_a_stale_unit_never_overwrites_a_newer_one(self) -> None:
+        """ADR-0021: rows are stamped with the unit's log position; a unit that commits late
+        (a paused worker) with an older position loses to what is there, deletes included,
+        and the tracking never goes back."""
+        views = self.ks.views()
+        try:
+            newer = fresh()
+            newer.read_conversation_seq = 3
+            with views.unit_of_work() as w:
+                w.put_head(T, "c", head("c", 3))
+                w.put_states(T, "c", [("a", newer)])
+                w.delete_state(T, "c", "gone")
+                w.put_delivery(T, "c", 1, record(5))
+                w.track("delivery", 10)
+                w.track_log(0, 10, 100)
+            with views.unit_of_work() as w:  # the stale one, committed afterwards
+                w.put_head(T, "c", head("c", 1))
+                w.put_states(T, "c", [("a", fresh()), ("gone", fresh())])
+                w.put_delivery(T, "c", 1, {**record(5), "mailbox_entries": 0})
+                w.track("delivery", 6)
+                w.track_log(0, 6, 60)
+            assert views.head(T, "c")["latest_conversation_seq"] == 3
+            _, states, _ = views.load_conversation(T, "c")
+            assert set(states) == {"a"} and states["a"].read_conversation_seq == 3
+            assert views.delivery(T, "c", 1)["mailbox_entries"] == 2
+            assert views.position("delivery") == 10 and views.log_position(0) == (10, 100)
+        finally:
+            views.close()
+
+    def test_two_replicas_pushing_one_message_count_every_push(self) -> None:
+        """Each replica's count is a row of its own: racing replicas never lose a count."""
+        import threading
+
+        views = self.ks.views()
+        other = CassandraViews(self.ks.session, self.ks.keyspace, self.ks.mailbox())
+        try:
+            with views.unit_of_work() as w:
+                for seq in range(1, 21):
+                    w.put_delivery(T, "c", seq, record(seq))
+                w.track("delivery", 20)
+
+            def push(store: CassandraViews) -> None:
+                for _ in range(5):
+                    for seq in range(1, 21):
+                        store.record_pushes(T, "c", seq, 1)
+
+            threads = [threading.Thread(target=push, args=(s,)) for s in (views, other, views, other)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert [views.delivery(T, "c", seq)["online_pushes"] for seq in range(1, 21)] == [20] * 20
+        finally:
+            views.close()
 
     def test_a_store_opened_from_the_url_creates_its_schema_twice_harmlessly_and_closes(
         self, fresh_cassandra: str
