@@ -31,6 +31,29 @@ def capacity_rates(runtime: Runtime) -> dict[str, float]:
     return dict(runtime.capacity().rates())
 
 
+HOST_COUNTERS = (
+    ("units", "fanout_host_units", "Units of work a projection host committed"),
+    ("failures", "fanout_host_failed_units", "Units of work that failed and were retried"),
+    (
+        "fenced",
+        "fanout_host_fenced_units",
+        "Units (and T1/T2 evaluations) stopped because another writer had moved their partition past them "
+        "(a paused worker that lost its partition: ADR-0021)",
+    ),
+    ("heals", "fanout_host_heals", "Times a host found the views behind what it had committed (lost writes)"),
+    ("reread", "fanout_host_reread_records", "Records read again from the log to fill a gap in the views"),
+)
+
+
+def host_counters(counters: dict[str, dict[str, int]]) -> Iterator[Metric]:
+    """Each projection host's totals (the workers' heartbeats), one series per worker."""
+    for key, name, doc in HOST_COUNTERS:
+        family = CounterMetricFamily(name, doc, labels=["worker"])
+        for worker, values in sorted(counters.items()):
+            family.add_metric([worker], float(values.get(key, 0)))
+        yield family
+
+
 class Metrics:
     def __init__(
         self, runtime: Runtime, *, alpha_refresh: float = 30.0, clock: Callable[[], float] = time.monotonic
@@ -117,3 +140,4 @@ class _RuntimeCollector:
             "fanout_online_pushes", "Frames pushed to online devices (O(O) socket writes)", value=rt.hub.pushes_total
         )
         yield GaugeMetricFamily("fanout_online_connections", "Open WebSocket sessions", value=rt.hub.online_count())
+        yield from host_counters(rt.host_counters())

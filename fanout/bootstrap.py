@@ -305,6 +305,9 @@ class EmbeddedRuntime:
     def projections_status(self) -> dict[tuple[str, int], int]:
         return self.views.positions() or {(PROJECTIONS[0], 0): self.runner.position()}
 
+    def host_counters(self) -> dict[str, dict[str, int]]:
+        return {}  # one writer, in this process: nothing to fence or heal
+
     def capacity(self) -> CapacityProjection:
         return next(p for p in self.runner.projections if isinstance(p, CapacityProjection))
 
@@ -369,6 +372,9 @@ class KafkaEngines:
     def worker_partitions(self) -> set[int]:
         return self.beats.partitions()
 
+    def worker_counters(self) -> dict[str, dict[str, int]]:
+        return self.beats.counters()
+
     def close(self) -> None:
         with self._lock:
             if self._consumer is not None:
@@ -410,7 +416,11 @@ def consumer_group_members(bootstrap: str, group: str, timeout: float = 5.0, *, 
                 return 0
             # The group's coordinator moving or loading (NOT_COORDINATOR seen by the e2e
             # suite): ask again within the timeout, not "the workers are unknown"
-            moving = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE)
+            moving = (
+                KafkaError.NOT_COORDINATOR,
+                KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                KafkaError.COORDINATOR_NOT_AVAILABLE,
+            )
             transient = code in moving or getattr(error, "retriable", lambda: False)()
             if transient and time.monotonic() < deadline:
                 time.sleep(0.1)

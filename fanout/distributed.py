@@ -58,6 +58,9 @@ class Engines(Protocol):
     def worker_partitions(self) -> set[int]:
         """The event topic's partitions the live workers hold."""
 
+    def worker_counters(self) -> dict[str, dict[str, int]]:
+        """worker -> its running totals (units, failures, fenced, heals, reread), from its beats."""
+
     def subscribe_pushes(self, callback: Callable[[Delivered], None]) -> Closeable:
         """Receive every Delivered the workers publish after their commits."""
 
@@ -247,6 +250,9 @@ class DistributedRuntime:
 
     def projections_status(self) -> dict[tuple[str, int], int]:
         return self.views.positions()
+
+    def host_counters(self) -> dict[str, dict[str, int]]:
+        return self.engines.worker_counters()
 
     def capacity(self) -> CapacityProjection:
         return platform_window(self.params, self.views, self.partitions)

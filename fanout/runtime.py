@@ -67,6 +67,13 @@ class Runtime(Protocol):
     def projections_status(self) -> dict[tuple[str, int], int]:
         """(projection, partition) -> the log position its views hold."""
 
+    def host_counters(self) -> dict[str, dict[str, int]]:
+        """Projection host -> its running totals: units, failures, fenced (units stopped
+        because another writer had moved the partition past them), heals (views found
+        behind what the host had committed), reread (records read again from the log).
+        The distributed runtime: each live worker's, from its heartbeats; the embedded
+        runtime has one writer in its own process and reports none."""
+
     def capacity(self) -> CapacityProjection:
         """The live capacity window (T1/T2): rates() and firing."""
 

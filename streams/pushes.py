@@ -26,8 +26,8 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -76,6 +76,9 @@ class WorkerBeat:
     at: float  # the worker's wall clock
     interval: float = BEAT_INTERVAL
     leaving: bool = False
+    # the worker's running totals since it started (HostStats: units, failures, fenced, heals,
+    # reread), shown by the replicas' /metrics per worker
+    counters: Mapping[str, int] = field(default_factory=dict, compare=False)
 
 
 def worker_id() -> str:
@@ -91,6 +94,7 @@ def encode_beat(b: WorkerBeat) -> bytes:
         "at": b.at,
         "interval": b.interval,
         "leaving": b.leaving,
+        "counters": dict(b.counters),
     }
     return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
 
@@ -109,6 +113,7 @@ def decode(value: bytes) -> Delivered | WorkerBeat:
                 at=float(body["at"]),
                 interval=float(body["interval"]),
                 leaving=bool(body["leaving"]),
+                counters={str(k): int(v) for k, v in body.get("counters", {}).items()},
             )
         materialized = body["materialized"]
         return Delivered(
@@ -159,6 +164,10 @@ class WorkerBeats:
         """The event topic's partitions some live worker holds."""
         return {p for b in self.alive() for p in b.partitions}
 
+    def counters(self) -> dict[str, dict[str, int]]:
+        """worker -> the counters of its last beat, for the live workers."""
+        return {b.worker: dict(b.counters) for b in self.alive()}
+
 
 MAX_PUSH_BYTES = 32 * 1024 * 1024  # a 100k-member push with the member lists, with room to spare
 
@@ -190,8 +199,11 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, replication: int =
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         t = admin.list_topics(topic, timeout=timeout).topics.get(topic)
-        if t is not None and t.error is None and t.partitions and all(
-            pm.error is None and pm.leader >= 0 for pm in t.partitions.values()
+        if (
+            t is not None
+            and t.error is None
+            and t.partitions
+            and all(pm.error is None and pm.leader >= 0 for pm in t.partitions.values())
         ):
             break
         time.sleep(0.05)

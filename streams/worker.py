@@ -573,7 +573,15 @@ class ProjectionWorker:
             await self.applier.evaluate_capacity(self.monitor)
 
     def heartbeat(self, *, leaving: bool = False) -> WorkerBeat:
-        b = WorkerBeat(self.worker_id, tuple(sorted(self.assigned)), time.time(), BEAT_INTERVAL, leaving)
+        st = self.host.stats
+        counters = {
+            "units": st.units,
+            "failures": st.failures,
+            "fenced": st.fenced + self.monitor.fenced,
+            "heals": st.heals,
+            "reread": st.reread,
+        }
+        b = WorkerBeat(self.worker_id, tuple(sorted(self.assigned)), time.time(), BEAT_INTERVAL, leaving, counters)
         if self._beat is not None:
             try:
                 self._beat(b)

@@ -34,6 +34,7 @@ from typing import Any
 
 import pytest
 
+from api.metrics import Metrics
 from fanout.config import load_settings
 from fanout.distributed import DistributedRuntime
 from tests.distributed.cluster import Cluster, cluster_for
@@ -121,6 +122,11 @@ def stopped(c: Cluster, name: str) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
 
 
+def fenced_units(rt: DistributedRuntime) -> float:
+    text = Metrics(rt).render().decode()
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith("fanout_host_fenced_units_total{"))
+
+
 def run_case(c: Cluster, failpoint: str, change: str) -> str:
     """One run: A pauses at `failpoint` in the unit of `change` (send / join / leave), B takes
     over, three more messages, A continues; then the checks of the module docstring."""
@@ -165,11 +171,19 @@ def run_case(c: Cluster, failpoint: str, change: str) -> str:
     assert mailbox == list(range(1, seqs + 1)), mailbox
     checked = verify_distributed(load_settings({**c.urls, **c.settings_env}), progress=False)
     assert checked.equal, {t: d for t, d in checked.differences.items()}
+    # /metrics counts the fenced units, per worker (their heartbeats carry the counts)
+    deadline = time.monotonic() + 10
+    while (fenced := fenced_units(rt)) < 1:
+        assert time.monotonic() < deadline, Metrics(rt).render().decode()[-3000:]
+        time.sleep(0.5)
     log_a = (c.logs / "worker-a.log").read_text(errors="replace")
     assert "failpoint" in log_a, log_a
     assert "Traceback" not in log_a, log_a
-    fenced = [line for line in log_a.splitlines() if "another worker" in line]
-    return f"{failpoint}: {len(fenced)} fenced line(s) in A's log, {sampler.samples} samples, verify equal"
+    lines = [line for line in log_a.splitlines() if "another worker" in line]
+    return (
+        f"{failpoint}: {len(lines)} fenced line(s) in A's log, /metrics fenced {fenced:.0f}, "
+        f"{sampler.samples} samples, verify equal"
+    )
 
 
 VARIANTS = [

@@ -83,6 +83,12 @@ def test_a_heartbeat_round_trips_and_is_not_a_push() -> None:
     b = WorkerBeat("host:12:ab", (0, 3), 1_700_000_000.5, 1.0, False)
     assert decode(encode_beat(b)) == b
     assert decode(encode_beat(WorkerBeat("w", (), 1.0, 2.0, True))) == WorkerBeat("w", (), 1.0, 2.0, True)
+    counted = WorkerBeat("w", (1,), 1.0, 1.0, False, {"units": 7, "fenced": 2})
+    back = decode(encode_beat(counted))
+    assert isinstance(back, WorkerBeat) and back.counters == {"units": 7, "fenced": 2}
+    beats = WorkerBeats()
+    beats.seen(back)
+    assert beats.counters() == {"w": {"units": 7, "fenced": 2}}
 
 
 def test_a_worker_is_alive_until_it_misses_its_beats_or_leaves() -> None:

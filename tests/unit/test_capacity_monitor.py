@@ -23,9 +23,7 @@ class Partitions:
 
     def __init__(self, views: MemoryViews) -> None:
         self.views = views
-        self.windows = [
-            CapacityProjection(PARAMS, views, partition=p, triggers=False) for p in range(PARTITIONS)
-        ]
+        self.windows = [CapacityProjection(PARAMS, views, partition=p, triggers=False) for p in range(PARTITIONS)]
         self.position = 0
         self.own_triggers: list[object] = []
 
@@ -74,3 +72,31 @@ def test_an_episode_fires_once_across_evaluations_and_monitors() -> None:
     assert views.capacity_state(MONITOR_STATE)["firing"]["T1"] is False  # type: ignore[index]
     parts.feed(27, 12, 4)  # 12/s: a new episode, a new review
     assert [t.review_key for t in CapacityMonitor(PARAMS, views, PARTITIONS).evaluate()] == ["T1/merged/2"]
+
+
+class PausedBeforeSave(MemoryViews):
+    """Views whose compare-and-set first lets another monitor run (this one was paused
+    between reading the memo and saving it, and partition 0 moved meanwhile)."""
+
+    other: CapacityMonitor | None = None
+
+    def compare_and_put_capacity(self, name: str, expected: object, body: object) -> bool:
+        if self.other is not None:
+            other, self.other = self.other, None
+            other.evaluate()
+        return super().compare_and_put_capacity(name, expected, body)  # type: ignore[arg-type]
+
+
+def test_a_monitor_paused_before_its_save_never_rewinds_the_memo_nor_fires_twice() -> None:
+    views = PausedBeforeSave()
+    parts = Partitions(views)
+    parts.feed(0, 12, 3)  # T1 over: episode 1
+    stale, current = CapacityMonitor(PARAMS, views, PARTITIONS), CapacityMonitor(PARAMS, views, PARTITIONS)
+    views.other = current
+    assert stale.evaluate() == []  # its save failed: the other one saved episode 1 first
+    assert stale.fenced == 1
+    assert views.capacity_state(MONITOR_STATE) == {"firing": {"T1": True, "T2": False}, "episodes": {"T1": 1}}
+    parts.feed(12, 12, 1)  # the episode ends; evaluated by the stale one, now up to date
+    assert stale.evaluate() == [] and stale.fenced == 1
+    parts.feed(24, 12, 4)
+    assert [t.review_key for t in stale.evaluate()] == ["T1/merged/2"]  # not a second "1"
