@@ -190,7 +190,7 @@ VARIANTS = [
     ("commit.rows=stop@MessageSent#2", "send"),  # the second send: m1 (m0 is projected first)
     ("commit.heads=stop@MessageSent#2", "send"),
     ("commit.tracking=stop@MessageSent#2", "send"),
-    ("commit.heads=stop@MembersJoined", "join"),
+    ("commit.heads=stop@MembersJoined#2", "join"),  # the first: the members of the creation
     ("commit.tracking=stop@MemberLeft", "leave"),
 ]
 
