@@ -33,8 +33,8 @@ from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.domain import Aggregate
-from eventsourcing.persistence import RecordConflictError, Recording
-from eventsourcing.utils import Environment, EnvType, get_topic
+from eventsourcing.persistence import InfrastructureFactory, RecordConflictError, Recording
+from eventsourcing.utils import Environment, get_topic
 
 from domain.conversation import Conversation, check_id
 from domain.errors import AlreadyExists, FanoutError, InvalidArgument, NotFound, Unavailable
@@ -153,15 +153,15 @@ class FanoutApplication(Application[UUID]):
         self._closing = threading.Event()
         self.activity_events = 0  # MembersActive events saved
 
-    def construct_env(self, name: str, env: EnvType | None = None) -> Environment:
-        """eventsourcing's environment; on PostgreSQL the recorder creates its tables under
-        an advisory lock (fanout/event_store.py), so processes starting at once do not race."""
-        environment = super().construct_env(name, env)
-        if environment.get("PERSISTENCE_MODULE") == "eventsourcing.postgres" and not environment.get(
-            "APPLICATION_RECORDER_TOPIC"
-        ):
-            environment["APPLICATION_RECORDER_TOPIC"] = "fanout.event_store:SchemaLockedRecorder"
-        return environment
+    def construct_factory(self, env: Environment) -> InfrastructureFactory[Any]:
+        """eventsourcing's factory; on PostgreSQL one whose recorders create their tables
+        under an advisory lock (fanout/event_store.py), so processes starting at once do
+        not race (ADR-0022)."""
+        if env.get("PERSISTENCE_MODULE") == "eventsourcing.postgres":
+            from fanout.event_store import SchemaLockedFactory
+
+            return SchemaLockedFactory(env)
+        return super().construct_factory(env)
 
     # -- plumbing ------------------------------------------------------------
 

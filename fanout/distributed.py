@@ -105,6 +105,9 @@ class DistributedRuntime:
         self.review_triggers = 0  # opened by the workers' capacity projections, not here
         self.started_at = time.time()
         self.health: dict[str, Any] = {}
+        # Until live workers have held every partition once, this replica is starting: writes
+        # would be accepted that no worker projects yet, so /readyz says not ready (issue 11).
+        self.served = False
         self._progress = threading.Condition()
         # Partitions read waits are parked on (partition -> how many), and the last tracked
         # position the watcher read for each: a partition ahead of the low watermark answers
@@ -186,7 +189,11 @@ class DistributedRuntime:
         if out.get("workers"):
             # Held by no live worker: nothing projects them (a rebalance in progress, or too few workers).
             held = self.engines.worker_partitions()
-            out["unassigned_partitions"] = [p for p in range(self.partitions) if p not in held]
+            out["unassigned_partitions"] = unassigned = [p for p in range(self.partitions) if p not in held]
+            if not unassigned:
+                self.served = True
+            elif not self.served:  # later (a rebalance, a worker gone) the replica stays ready: it still serves
+                out.setdefault("errors", {})["workers"] = f"starting: partitions {unassigned} held by no worker yet"
         return out
 
     # -- Runtime ---------------------------------------------------------------------------

@@ -1,16 +1,17 @@
 """The PostgreSQL event store as every process of the distributed runtime opens it
 (docs/adr/0022-schema-creation-under-an-advisory-lock.md).
 
-* `SchemaLockedRecorder`: eventsourcing's PostgresApplicationRecorder whose `create_table`
-  runs under a PostgreSQL advisory lock of the database, so any number of workers, relays
-  and replicas starting at once create the tables, the composite type, the index and the
+* `SchemaLockedFactory`: eventsourcing's PostgreSQL factory whose recorders (the events:
+  `SchemaLockedRecorder`, the snapshots: `SchemaLockedAggregateRecorder`) run `create_table`
+  under a PostgreSQL advisory lock of the database, so any number of workers, relays and
+  replicas starting at once create the tables, the composite type, the index and the
   stored function one at a time. eventsourcing's own statements race: two sessions creating
   the type or the table fail with `duplicate key value violates unique constraint
   "pg_type_typname_nsp_index"` (or `relation ... already exists`), and two restarts
   recreating the function (CREATE OR REPLACE, on every start) with `tuple concurrently
   updated`. A creator that does not take the lock (an older build) can still race one that
   does: those catalog errors are retried a few times as well.
-  `FanoutApplication` picks this recorder for every eventsourcing.postgres environment.
+  `FanoutApplication` uses this factory for every eventsourcing.postgres environment.
 * `check_event_store`: a plain connection before the pool opens, so a missing database,
   a server that does not answer or a refused login is one line naming the URL (without
   its password) and what to do, not eventsourcing's "couldn't get a connection after
@@ -26,13 +27,18 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
+from eventsourcing.postgres import (
+    PostgresAggregateRecorder,
+    PostgresApplicationRecorder,
+    PostgresDatastore,
+    PostgresFactory,
+    PostgresRecorder,
+)
 
 from fanout.config import EngineUnavailable
 
 log = logging.getLogger("fanout.event_store")
 
-RECORDER_TOPIC = "fanout.event_store:SchemaLockedRecorder"
 LOCK_TIMEOUT = 60.0  # seconds a process waits for another one's schema creation
 CATALOG_RETRIES = 5  # attempts when a creator without the lock raced this one
 # SQLSTATEs of a concurrent creator: unique_violation (pg_type_typname_nsp_index),
@@ -44,10 +50,10 @@ class EventStoreUnavailable(EngineUnavailable):
     """The event store cannot be opened for a reason the operator can fix: one line."""
 
 
-def lock_key(schema: str, table: str) -> int:
-    """The advisory lock key (a signed 64-bit int) of an events table's schema objects.
-    Advisory locks are per database, so namespaces in other databases never wait."""
-    digest = hashlib.blake2b(f"fanout.schema:{schema}.{table}".encode(), digest_size=8).digest()
+def lock_key(schema: str) -> int:
+    """The advisory lock key (a signed 64-bit int) of the event store's schema objects in a
+    schema. Advisory locks are per database, so namespaces in other databases never wait."""
+    digest = hashlib.blake2b(f"fanout.event_store.schema:{schema}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
 
 
@@ -87,12 +93,13 @@ def _sqlstate(exc: BaseException) -> str | None:
     return None
 
 
-class SchemaLockedRecorder(PostgresApplicationRecorder):
-    """eventsourcing's application recorder, creating its schema objects under the
-    database's advisory lock for them (see the module doc)."""
+class SchemaLocked(PostgresRecorder):
+    """A recorder creating its schema objects under the database's advisory lock for them
+    (see the module doc). One key for all of them: the events and the snapshots tables
+    share their composite type."""
 
     def create_table(self) -> None:
-        key = lock_key(self.datastore.schema, self.events_table_name)
+        key = lock_key(self.datastore.schema)
         for attempt in range(1, CATALOG_RETRIES + 1):
             try:
                 with advisory_lock(self.datastore, key):
@@ -105,6 +112,22 @@ class SchemaLockedRecorder(PostgresApplicationRecorder):
                     raise
                 log.info("creating the event store's tables raced another creator (%s); again", exc)
                 time.sleep(random.uniform(0.05, 0.2) * attempt)  # noqa: S311 (jitter, not crypto)
+
+
+class SchemaLockedRecorder(SchemaLocked, PostgresApplicationRecorder):
+    """The events (eventsourcing's application recorder)."""
+
+
+class SchemaLockedAggregateRecorder(SchemaLocked, PostgresAggregateRecorder):
+    """The snapshots (eventsourcing's aggregate recorder)."""
+
+
+class SchemaLockedFactory(PostgresFactory):
+    """eventsourcing's PostgreSQL factory with the recorders above; `FanoutApplication`
+    uses it for every eventsourcing.postgres environment."""
+
+    aggregate_recorder_class = SchemaLockedAggregateRecorder
+    application_recorder_class = SchemaLockedRecorder
 
 
 # -- opening it ----------------------------------------------------------------------------

@@ -3,19 +3,19 @@ the start-up race tests (test_startup.py): the event store as every worker, rela
 replica opens it (its tables created if absent), and the event topic and the pushes topic
 as the worker and the relay create them.
 
-    python -m tests.distributed.open_stores AT [views]
+    python -m tests.distributed.open_stores [views]
 
-The process imports everything first, then waits until the wall clock reaches AT (epoch
-seconds), so the processes a test starts together open the stores at the same moment, not
-one import time apart. `views`: also the Cassandra keyspace and its tables. The engine URLs
-come from FANOUT_EVENT_STORE, FANOUT_LOG and FANOUT_VIEWS. Prints `OPENED` and exits 0, or
-prints the error's first line and exits 1."""
+The process imports everything first, prints `READY` and waits for a line on stdin, so the
+processes a test starts together open the stores at the same moment (the test writes the
+line to all of them once all are ready), not one import time apart. `views`: also the
+Cassandra keyspace and its tables. The engine URLs come from FANOUT_EVENT_STORE, FANOUT_LOG
+and FANOUT_VIEWS. Prints `OPENED` and exits 0, or `FAILED` with the error's first line and
+exits 1."""
 
 from __future__ import annotations
 
 import os
 import sys
-import time
 
 from domain.params import Parameters
 from fanout.application import FanoutApplication
@@ -26,9 +26,9 @@ from streams.relay import ensure_topic as relay_ensure_topic
 
 
 def main(argv: list[str]) -> int:
-    at, *what = argv
     kafka = kafka_settings(os.environ["FANOUT_LOG"])
-    time.sleep(max(0.0, float(at) - time.time()))
+    print("READY", flush=True)
+    sys.stdin.readline()
     try:
         app = FanoutApplication(Parameters(), postgres_env(os.environ["FANOUT_EVENT_STORE"]), shared_store=True)
         app.close()
@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
         partition_count(kafka.bootstrap, kafka.topic)
         relay_ensure_topic(kafka.bootstrap, kafka.topic, kafka.partitions, kafka.replication)
         ensure_topic(kafka.bootstrap, pushes_topic(kafka.topic), kafka.partitions, kafka.replication)
-        if "views" in what:
+        if "views" in argv:
             open_cassandra_views(cassandra_settings(os.environ["FANOUT_VIEWS"]), partitions=kafka.partitions).close()
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
