@@ -1,8 +1,8 @@
 """The `fanout` command line (SPEC section 6).
 
 Every command takes --data-dir (default FANOUT_DATA_DIR or ./data) and --config FILE
-(a TOML file with the FANOUT_ settings' names). A bad setting or a busy data dir
-prints one line `fanout: error: ...` and exits 2."""
+(a TOML file with the FANOUT_ settings' names). A bad setting, a busy data dir or an
+engine that cannot be used at start-up prints one line `fanout: error: ...` and exits 2."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from adapters.rocksdb_mailbox import ShardCountMismatch
+from cli.worker import WorkerError
 from domain.errors import FanoutError
 from fanout.bootstrap import DataDirBusy
-from fanout.config import ConfigError, Settings, load_settings, parse_duration
+from fanout.config import ConfigError, EngineUnavailable, Settings, load_settings, parse_duration
 from fanout.overload import startup_error
 
 PROG = "fanout"
@@ -437,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings(config_file=args.config)
         data_dir = Path(args.data_dir) if args.data_dir else settings.data_dir
         return int(args.func(args, settings, data_dir))
-    except (ConfigError, DataDirBusy, CliError, ShardCountMismatch) as exc:
+    except (ConfigError, DataDirBusy, CliError, ShardCountMismatch, EngineUnavailable, WorkerError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     except FanoutError as exc:  # e.g. a claim the token refuses

@@ -182,8 +182,10 @@ def _run(
     from confluent_kafka import KafkaException
 
     from fanout.application import FanoutApplication
+    from fanout.event_store import EventStoreUnavailable, check_event_store
     from projections.delivery import Delivered
     from projections.hosting import Effect
+    from streams.kafka_health import process_health
     from streams.pushes import PushPublisher, ensure_topic, pushes_topic
     from streams.records import EventRecord
     from streams.worker import ProjectionWorker, WorkerSettings
@@ -191,8 +193,15 @@ def _run(
     logging.basicConfig(
         level=args.loglevel.upper(), format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s"
     )
+    # Kafka's clients say "unreachable" once and then a summary, not a line per attempt; muted
+    # until the worker runs (a start-up failure is this command's one line).
+    health = process_health(kafka.bootstrap)
+    health.muted = True
     try:
+        check_event_store(store_env)  # names the URL and what to do, not "couldn't get a connection"
         app = FanoutApplication(params, store_env, shared_store=True)  # replicas and workers write too
+    except EventStoreUnavailable as exc:
+        raise WorkerError(str(exc)) from None
     except Exception as exc:
         raise WorkerError(f"FANOUT_EVENT_STORE: cannot open the event store: {_line(exc)}") from None
     closers.append(app.close)
@@ -201,10 +210,14 @@ def _run(
     try:
         ensure_topic(kafka.bootstrap, kafka.topic, kafka.partitions, kafka.replication, timeout=15.0)
         publisher = PushPublisher(
-            kafka.bootstrap, pushes_topic(kafka.topic), partitions=kafka.partitions, replication=kafka.replication
+            kafka.bootstrap,
+            pushes_topic(kafka.topic),
+            partitions=kafka.partitions,
+            replication=kafka.replication,
+            on_delivered=health.reachable,  # a heartbeat acknowledged: Kafka answers
         )
     except KafkaException as exc:
-        raise WorkerError(f"FANOUT_LOG: Kafka at {kafka.bootstrap} does not answer: {_line(exc)}") from None
+        raise WorkerError(_kafka_down(kafka.bootstrap, exc)) from None
     closers.append(publisher.close)
 
     def to_domain_event(record: EventRecord) -> Any:
@@ -225,30 +238,34 @@ def _run(
 
     faust_dir = Path(tempfile.mkdtemp(prefix="fanout-worker-"))
     closers.append(lambda: shutil.rmtree(faust_dir, ignore_errors=True))
-    worker = ProjectionWorker(
-        WorkerSettings(
-            bootstrap=kafka.bootstrap,
-            topic=kafka.topic,
-            partitions=kafka.partitions,
-            replication=kafka.replication,
-            app_id=args.app_id,
-            web_port=args.web_port,
-            datadir=faust_dir,
-            batch=args.batch,
-            within=args.within,
-            session_timeout=args.session_timeout,
-        ),
-        views,
-        params,
-        to_domain_event,
-        on_effects,
-        beat=publisher.beat,
-    )
+    try:
+        worker = ProjectionWorker(
+            WorkerSettings(
+                bootstrap=kafka.bootstrap,
+                topic=kafka.topic,
+                partitions=kafka.partitions,
+                replication=kafka.replication,
+                app_id=args.app_id,
+                web_port=args.web_port,
+                datadir=faust_dir,
+                batch=args.batch,
+                within=args.within,
+                session_timeout=args.session_timeout,
+            ),
+            views,
+            params,
+            to_domain_event,
+            on_effects,
+            beat=publisher.beat,
+        )
+    except (KafkaException, LookupError) as exc:
+        raise WorkerError(_kafka_down(kafka.bootstrap, exc)) from None
     print(
         f"fanout: worker {worker.settings.group} consuming {kafka.topic} at {kafka.bootstrap} (read_committed), "
         f"pushes to {pushes_topic(kafka.topic)}, views {views_url}",
         flush=True,
     )
+    health.unmute()
     code = 0
     try:
         worker.run(args.loglevel)
@@ -263,6 +280,13 @@ def _run(
     return code
 
 
+def _kafka_down(bootstrap: str, exc: BaseException) -> str:
+    return (
+        f"FANOUT_LOG: Kafka at {bootstrap} does not answer ({_line(exc)}): start it, "
+        "or name the right host and port in FANOUT_LOG"
+    )
+
+
 def _line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
@@ -270,12 +294,12 @@ def _line(exc: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from fanout.bootstrap import DataDirBusy
-    from fanout.config import ConfigError
+    from fanout.config import ConfigError, EngineUnavailable
 
     args = build_parser().parse_args(argv)
     try:
         return cmd_worker(args)
-    except (WorkerError, ConfigError, DataDirBusy, OSError) as exc:
+    except (WorkerError, ConfigError, EngineUnavailable, DataDirBusy, OSError) as exc:
         print(f"fanout: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -23,7 +23,7 @@ from adapters.rocksdb_mailbox import RocksMailbox
 from adapters.sqlite_views import SqliteViews
 from domain.params import Parameters
 from fanout.application import FanoutApplication
-from fanout.config import ConfigError, Settings, is_distributed
+from fanout.config import ConfigError, EngineUnavailable, Settings, is_distributed
 from fanout.distributed import Closeable, DistributedRuntime
 from fanout.overload import Backpressure
 from fanout.push import PushHub
@@ -343,10 +343,13 @@ class KafkaEngines:
     (their heartbeats on the pushes topic) and the online pushes the workers publish."""
 
     def __init__(self, kafka: KafkaSettings) -> None:
+        from streams.kafka_health import process_health
         from streams.pushes import WorkerBeats
 
         self.kafka = kafka
         self.beats = WorkerBeats()
+        # Kafka down: one line and a summary every 30 s, not librdkafka's line per attempt
+        self.health = process_health(kafka.bootstrap)
         # One long-lived client, one caller at a time: a client created and destroyed per check
         # while the broker restarted aborted the process inside librdkafka.
         self._lock = threading.Lock()
@@ -359,7 +362,15 @@ class KafkaEngines:
         with self._lock:
             if self._consumer is None:
                 self._consumer = position_consumer(self.kafka.bootstrap)
-            return relayed_position(self.kafka.bootstrap, self.kafka.topic, timeout=5.0, consumer=self._consumer)
+            try:
+                position = relayed_position(
+                    self.kafka.bootstrap, self.kafka.topic, timeout=5.0, consumer=self._consumer
+                )
+            except Exception as exc:
+                self.health.failed(f"{type(exc).__name__}: {exc}")
+                raise
+            self.health.reachable()
+            return position
 
     def workers(self) -> int:
         """Workers whose heartbeat reached this replica lately (ADR-0019): no admin request
@@ -382,11 +393,24 @@ class KafkaEngines:
                 self._consumer = None
 
     def subscribe_pushes(self, callback: Callable[[Delivered], None]) -> Closeable:
+        from confluent_kafka import KafkaException
+
         from streams.pushes import PushSubscriber, pushes_topic
 
-        sub = PushSubscriber(
-            self.kafka.bootstrap, pushes_topic(self.kafka.topic), callback, on_beat=self.beats.seen
-        ).start()
+        muted, self.health.muted = self.health.muted, True  # a start-up failure is one line (below)
+        try:
+            sub = PushSubscriber(
+                self.kafka.bootstrap, pushes_topic(self.kafka.topic), callback, on_beat=self.beats.seen
+            ).start()
+        except KafkaException as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise EngineUnavailable(
+                f"FANOUT_LOG: Kafka at {self.kafka.bootstrap} does not answer ({first}): start it, "
+                "or name the right host and port in FANOUT_LOG"
+            ) from None
+        finally:
+            self.health.muted = muted
+        self.health.reachable()
         self._subscribed = True
 
         class Subscription:
@@ -452,11 +476,23 @@ def bootstrap_distributed(
     store (tables created if absent), the views in Cassandra (keyspace and tables created if
     absent), pushes and health from Kafka. The relay and the workers run apart
     (`fanout relay`, `fanout worker`)."""
+    from fanout.event_store import check_event_store
+
     kafka = kafka_settings(settings.log)
     env = postgres_env(settings.event_store)
+    check_event_store(env)  # a missing database or a server down: one line naming the URL and what to do
     built = None
     if views is None:
-        views = built = open_cassandra_views(cassandra_settings(settings.views), partitions=kafka.partitions)
+        cassandra = cassandra_settings(settings.views)
+        try:
+            views = built = open_cassandra_views(cassandra, partitions=kafka.partitions)
+        except Exception as exc:
+            where = f"cassandra://{','.join(cassandra.hosts)}:{cassandra.port}/{cassandra.keyspace}"
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise EngineUnavailable(
+                f"FANOUT_VIEWS: cannot open the views at {where} ({type(exc).__name__}: {first}): is Cassandra "
+                "running there?"
+            ) from None
     try:
         return DistributedRuntime(
             settings.params,

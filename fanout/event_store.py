@@ -146,6 +146,7 @@ def _first_line(exc: BaseException) -> str:
     # psycopg: 'connection failed: connection to server at "h", port p failed: FATAL:  database ...'
     if "FATAL:" in text:
         text = text.split("FATAL:", 1)[1]
+    text = text.removeprefix("connection failed: ")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return " ".join(lines[0].split()) if lines else type(exc).__name__
 

@@ -37,6 +37,9 @@ from confluent_kafka.cimpl import NewTopic
 from projections.delivery import Delivered
 
 log = logging.getLogger("fanout.pushes")
+# librdkafka's own lines of these clients (a broker down: one per attempt), as Python log
+# records instead of stderr; streams/kafka_health.py turns them into one state line.
+rdkafka_log = logging.getLogger("fanout.pushes.rdkafka")
 
 FORMAT = 1  # the "v" field of a push record
 BEAT_INTERVAL = 1.0  # seconds between a worker's heartbeats
@@ -179,7 +182,8 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, replication: int =
     topic is left as it is (its partition count included). Returns once every partition
     has a leader (or after `timeout`): a topic another process created a moment ago may not
     have them yet, and the caller asks for its partitions next."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept referenced until the futures resolve
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": rdkafka_log}
+    admin = AdminClient(conf)  # kept referenced until the futures resolve
     created = False
     if topic not in admin.list_topics(timeout=timeout).topics:
         new = NewTopic(
@@ -211,7 +215,8 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, replication: int =
 
 
 def partition_count(bootstrap: str, topic: str, timeout: float = 30.0) -> int:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": rdkafka_log}
+    admin = AdminClient(conf)
     meta = admin.list_topics(topic, timeout=timeout).topics.get(topic)
     if meta is None or meta.error is not None or not meta.partitions:
         raise LookupError(f"Kafka topic {topic!r} not found")
@@ -223,13 +228,23 @@ def partition_count(bootstrap: str, topic: str, timeout: float = 30.0) -> int:
 
 class PushPublisher:
     """Publishes Delivered effects. `publish` only queues (librdkafka sends within
-    `linger_ms`); `flush` waits for the broker's acknowledgement."""
+    `linger_ms`); `flush` waits for the broker's acknowledgement. `on_delivered(sent_at)` is
+    called for each record the broker acknowledged, with the wall-clock time it was sent at
+    (Kafka was reachable after that)."""
 
     def __init__(
-        self, bootstrap: str, topic: str, *, partitions: int = 1, replication: int = 1, linger_ms: int = 2
+        self,
+        bootstrap: str,
+        topic: str,
+        *,
+        partitions: int = 1,
+        replication: int = 1,
+        linger_ms: int = 2,
+        on_delivered: Callable[[float], Any] | None = None,
     ) -> None:
         ensure_topic(bootstrap, topic, partitions, replication)
         self.topic = topic
+        self.on_delivered = on_delivered
         self.failed = 0
         self.published = 0
         self._producer = Producer(
@@ -242,13 +257,20 @@ class PushPublisher:
                 # (about 0.3 MB compressed). The default 1 MB limit dropped every large-group push.
                 "compression.type": "lz4",
                 "message.max.bytes": MAX_PUSH_BYTES + 1024 * 1024,
+                "logger": rdkafka_log,
             }
         )
 
-    def _report(self, err: KafkaError | None, _msg: Any) -> None:
+    def _report(self, err: KafkaError | None, msg: Any) -> None:
         if err is not None:
             self.failed += 1
             log.warning("a push was not published: %s (the views hold the message; the mailbox serves it)", err)
+        elif self.on_delivered is not None:
+            self.on_delivered(msg.timestamp()[1] / 1000.0)
+
+    def _beat_report(self, err: KafkaError | None, msg: Any) -> None:
+        if err is None and self.on_delivered is not None:
+            self.on_delivered(msg.timestamp()[1] / 1000.0)  # its create time, stamped by produce()
 
     def publish(self, effects: Iterable[Any]) -> int:
         """Publish the Delivered among `effects`; returns how many were queued."""
@@ -276,7 +298,9 @@ class PushPublisher:
         """Queue a heartbeat (sent within linger_ms; a full local queue drops it: the next
         one follows within a second)."""
         try:
-            self._producer.produce(self.topic, key=f"worker/{b.worker}".encode(), value=encode_beat(b))
+            self._producer.produce(
+                self.topic, key=f"worker/{b.worker}".encode(), value=encode_beat(b), on_delivery=self._beat_report
+            )
         except BufferError:
             log.warning("a heartbeat was not queued: the producer's local queue is full")
         self._producer.poll(0)
@@ -334,6 +358,7 @@ class PushSubscriber:
                 "fetch.max.bytes": MAX_PUSH_BYTES * 2,
                 "max.partition.fetch.bytes": MAX_PUSH_BYTES,
                 "enable.partition.eof": True,
+                "logger": rdkafka_log,
             }
         )
         try:
