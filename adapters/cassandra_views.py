@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import socket
 import threading
@@ -135,6 +136,28 @@ TABLES = [
     """CREATE TABLE IF NOT EXISTS {ks}.log_positions (partition int, position bigint, next_offset bigint,
     PRIMARY KEY (partition)) WITH ID = {id}""",
 ]
+
+
+class _OneLineConnectionErrors(logging.Filter):
+    """While Cassandra is away the driver logs a traceback for every failed connection and
+    reconnection attempt (a WARNING with exc_info, every few seconds): an operator needs the
+    one line, "Error connecting to 127.0.0.1:19042: ConnectionRefusedError: ...", not the stack.
+    Its warnings lose their stack; its errors keep it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and record.levelno <= logging.WARNING:  # connection trouble, retried by the driver
+            record.msg = f"{record.getMessage().rstrip(': ')}: {type(exc).__name__}: {exc}"
+            record.args = ()
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+for _name in ("cassandra.cluster", "cassandra.pool", "cassandra.connection"):
+    _logger = logging.getLogger(_name)
+    if not any(isinstance(f, _OneLineConnectionErrors) for f in _logger.filters):
+        _logger.addFilter(_OneLineConnectionErrors())
 
 
 # -- connection and schema (the mailbox module has its own copy: adapters stand alone) -----

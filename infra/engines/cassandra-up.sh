@@ -17,9 +17,10 @@
 #   FANOUT_ENGINES_CASSANDRA_HEAP          -Xms/-Xmx, default 2g (512m ran out of heap under the 100k-member crash tests)
 #   FANOUT_ENGINES_CASSANDRA_KEYSPACE      keyspace named in the printed URL, default fanout
 #   FANOUT_ENGINES_CASSANDRA_MLOCK=1       let Cassandra mlockall (as root that pins the whole heap)
-#   FANOUT_ENGINES_CASSANDRA_COMMITLOG     group (default: acknowledged after fsync, 15 ms group window),
-#                                          batch (fsync per write batch) or periodic (fsync every 10 s:
-#                                          a crash can lose the last seconds of acknowledged writes)
+#   FANOUT_ENGINES_CASSANDRA_COMMITLOG     batch (default: a write is acknowledged once fsynced),
+#                                          group (fsync every 15 ms window: slower here, see ADR-0021) or
+#                                          periodic (fsync every 10 s: a crash of the machine can lose the
+#                                          last seconds of acknowledged writes)
 # Needs a Java 11 or 17 (Cassandra 5.0 does not run on 21+; JAVA_HOME honoured when it fits) and,
 # for the first fetch only, mvn.
 set -euo pipefail
@@ -31,7 +32,7 @@ VERSION="${FANOUT_ENGINES_CASSANDRA_VERSION:-5.0.9}"
 PORT="${FANOUT_ENGINES_CASSANDRA_PORT:-19042}"
 SPORT="${FANOUT_ENGINES_CASSANDRA_STORAGE_PORT:-17000}"
 HEAP="${FANOUT_ENGINES_CASSANDRA_HEAP:-2g}"
-case "${FANOUT_ENGINES_CASSANDRA_COMMITLOG:-group}" in
+case "${FANOUT_ENGINES_CASSANDRA_COMMITLOG:-batch}" in
   group) COMMITLOG="commitlog_sync: group\ncommitlog_sync_group_window: 15ms" ;;
   batch) COMMITLOG="commitlog_sync: batch" ;;
   periodic) COMMITLOG="commitlog_sync: periodic\ncommitlog_sync_period: 10000ms" ;;
