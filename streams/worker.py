@@ -403,6 +403,15 @@ def group_by_partition(
     return out
 
 
+ENGINE_DRIVERS = ("cassandra", "confluent_kafka", "psycopg", "aiokafka")
+
+
+def engine_unavailable(exc: BaseException) -> bool:
+    """An engine away or overloaded (its driver's exception, or a socket error), as opposed to
+    a bug: the worker logs the first kind in one line."""
+    return isinstance(exc, OSError | TimeoutError) or type(exc).__module__.split(".")[0] in ENGINE_DRIVERS
+
+
 class Applier:
     """The asyncio side: hands each partition's records to the host on the executor and
     retries a failed unit after a backoff until it commits."""
@@ -431,7 +440,9 @@ class Applier:
                     failures += 1
                     self.last_error = f"{type(exc).__name__}: {exc}"
                     reason = storage_failure(exc) or "projector_failed"
-                    if failures == 1:
+                    if failures == 1 and engine_unavailable(exc):  # one line: it says what is away
+                        log.error("unit of work of partition %d failed: %s; retrying it", partition, self.last_error)
+                    elif failures == 1:  # anything else may be a bug: its stack
                         log.exception("unit of work of partition %d failed (%s); retrying it", partition, reason)
                     else:
                         self._throttled(
