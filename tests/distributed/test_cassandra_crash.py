@@ -125,9 +125,9 @@ class Burst:
         self._thread.join(30)
 
 
-def test_kill_9_of_cassandra_during_a_burst_loses_no_acknowledged_message(
-    periodic_cassandra: None, fresh_postgres: str, fresh_kafka: str, fresh_cassandra: str, tmp_path: Path
-) -> None:
+@pytest.fixture
+def cluster(fresh_postgres: str, fresh_kafka: str, fresh_cassandra: str, tmp_path: Path) -> Iterator[Cluster]:
+    """A replica, the relay and one worker on a namespace of their own, the group created."""
     c = cluster_for(
         {"FANOUT_EVENT_STORE": fresh_postgres, "FANOUT_LOG": fresh_kafka, "FANOUT_VIEWS": fresh_cassandra},
         tmp_path / "logs",
@@ -140,54 +140,59 @@ def test_kill_9_of_cassandra_during_a_burst_loses_no_acknowledged_message(
         rt.app.create_conversation(T, CID, "crash", MEMBERS)
         c.wait_workers(1)
         c.settle(rt, timeout=120)
-        burst = Burst(c)
-        downs = []
-        try:
-            for _ in range(KILLS):
-                time.sleep(4.0)  # units acknowledged within the last 10 s are at risk
-                cassandra_kill_9()
-                downs.append(cassandra_up("periodic"))
-        finally:
-            time.sleep(3.0)
-            burst.stop()
-        deadline = time.monotonic() + 240
-        while not rt.wait_until(rt.app.log_position(), timeout=2.0):
-            dead = [n for n, p in c.procs.items() if p.poll() is not None]
-            assert not dead, f"{dead} exited: {c.log_of(dead[0])}"
-            assert time.monotonic() < deadline, f"not caught up: {c.log_of('worker')}"
-        views_position(rt)
-        acked = burst.acked
-        assert len(acked) > 20, f"only {len(acked)} sends acknowledged ({burst.refused} refused)"
-        top = max(acked)
-        history = {m["conversation_seq"]: m["message_id"] for m in rt.views.messages(T, CID, 0, 10_000)}
-        missing = {s: m for s, m in acked.items() if history.get(s) != m}
-        assert not missing, f"acknowledged but not in the history: {missing}"
-        short = {}
-        for u in MEMBERS:
-            entries = rt.queries.mailbox(T, u, 0, 1000)["entries"]
-            seqs = [e["conversation_seq"] for e in entries if e["conversation_id"] == CID]
-            if sorted(seqs) != list(range(1, top + 1)):
-                short[u] = sorted(set(range(1, top + 1)) - set(seqs))[:5]
-        assert not short, f"{len(short)} of {len(MEMBERS)} mailboxes wrong, e.g. {list(short.items())[:3]}"
-        session = next(s for s in rt.queries.session_list(T, MEMBERS[-1])[0] if s["conversation_id"] == CID)
-        assert session["unread_count"] == top and session["latest_conversation_seq"] == top, session
-        checked = verify_distributed(load_settings({**c.urls, **c.settings_env}), progress=False)
-        assert checked.equal, {t: d for t, d in checked.differences.items()}
-        log = (c.logs / "worker.log").read_text(errors="replace")
-        heals = log.count("they lost acknowledged writes")
-        print(
-            f"\n{KILLS} kill -9 of Cassandra (up again in {', '.join(f'{d:.0f}' for d in downs)} s): "
-            f"{len(acked)} acknowledged, {burst.refused} refused; the worker found lost writes {heals} time(s) "
-            f"and re-read {log.count('records again')} ranges; every mailbox and `fanout verify` exact",
-            flush=True,
-        )
+        yield c
     finally:
         c.close(signal.SIGKILL)
 
 
-def test_views_that_lost_acknowledged_writes_are_healed_from_the_log(
-    engines: dict[str, str], fresh_postgres: str, fresh_kafka: str, fresh_cassandra: str, tmp_path: Path
+def test_kill_9_of_cassandra_during_a_burst_loses_no_acknowledged_message(
+    periodic_cassandra: None, cluster: Cluster
 ) -> None:
+    c, rt = cluster, cluster.runtimes[0]
+    burst = Burst(c)
+    downs = []
+    try:
+        for _ in range(KILLS):
+            time.sleep(4.0)  # units acknowledged within the last 10 s are at risk
+            cassandra_kill_9()
+            downs.append(cassandra_up("periodic"))
+    finally:
+        time.sleep(3.0)
+        burst.stop()
+    deadline = time.monotonic() + 240
+    while not rt.wait_until(rt.app.log_position(), timeout=2.0):
+        dead = [n for n, p in c.procs.items() if p.poll() is not None]
+        assert not dead, f"{dead} exited: {c.log_of(dead[0])}"
+        assert time.monotonic() < deadline, f"not caught up: {c.log_of('worker')}"
+    views_position(rt)
+    acked = burst.acked
+    assert len(acked) > 20, f"only {len(acked)} sends acknowledged ({burst.refused} refused)"
+    top = max(acked)
+    history = {m["conversation_seq"]: m["message_id"] for m in rt.views.messages(T, CID, 0, 10_000)}
+    missing = {s: m for s, m in acked.items() if history.get(s) != m}
+    assert not missing, f"acknowledged but not in the history: {missing}"
+    short = {}
+    for u in MEMBERS:
+        entries = rt.queries.mailbox(T, u, 0, 1000)["entries"]
+        seqs = [e["conversation_seq"] for e in entries if e["conversation_id"] == CID]
+        if sorted(seqs) != list(range(1, top + 1)):
+            short[u] = sorted(set(range(1, top + 1)) - set(seqs))[:5]
+    assert not short, f"{len(short)} of {len(MEMBERS)} mailboxes wrong, e.g. {list(short.items())[:3]}"
+    session = next(s for s in rt.queries.session_list(T, MEMBERS[-1])[0] if s["conversation_id"] == CID)
+    assert session["unread_count"] == top and session["latest_conversation_seq"] == top, session
+    checked = verify_distributed(load_settings({**c.urls, **c.settings_env}), progress=False)
+    assert checked.equal, {t: d for t, d in checked.differences.items()}
+    log = (c.logs / "worker.log").read_text(errors="replace")
+    heals = log.count("they lost acknowledged writes")
+    print(
+        f"\n{KILLS} kill -9 of Cassandra (up again in {', '.join(f'{d:.0f}' for d in downs)} s): "
+        f"{len(acked)} acknowledged, {burst.refused} refused; the worker found lost writes {heals} time(s) "
+        f"and re-read {log.count('records again')} ranges; every mailbox and `fanout verify` exact",
+        flush=True,
+    )
+
+
+def test_views_that_lost_acknowledged_writes_are_healed_from_the_log(cluster: Cluster, tmp_path: Path) -> None:
     """The loss itself, made certain: Cassandra's data is copied while it is stopped, the
     worker projects twenty more messages, then the node is killed and comes back with the copy
     (what a crash losing the last seconds of acknowledged writes leaves, e.g. on a machine
@@ -197,48 +202,36 @@ def test_views_that_lost_acknowledged_writes_are_healed_from_the_log(
 
     data = ENGINES_DIR / "cassandra" / "data"
     backup = tmp_path / "cassandra-data"
-    c = cluster_for(
-        {"FANOUT_EVENT_STORE": fresh_postgres, "FANOUT_LOG": fresh_kafka, "FANOUT_VIEWS": fresh_cassandra},
-        tmp_path / "logs",
-        **SETTINGS,
-    )
-    try:
-        rt = c.replica()
-        c.start("relay")
-        c.start("worker")
-        rt.app.create_conversation(T, CID, "lost", MEMBERS)
-        c.wait_workers(1)
-        for i in range(10):
-            rt.app.send_message(T, CID, sender=MEMBERS[0], text=f"kept {i}", client_msg_id=f"k{i}")
-        c.settle(rt, timeout=120)
-        kept = rt.position()
-        subprocess.run(["bash", str(SCRIPTS / "cassandra-down.sh")], check=True, stdout=subprocess.DEVNULL, timeout=120)
-        shutil.copytree(data, backup, symlinks=True)
-        cassandra_up()
-        for i in range(20):
-            rt.app.send_message(T, CID, sender=MEMBERS[1], text=f"lost {i}", client_msg_id=f"l{i}")
-        c.settle(rt, timeout=180)
-        cassandra_kill_9()
-        shutil.rmtree(data)
-        shutil.copytree(backup, data, symlinks=True)
-        cassandra_up()
-        assert views_position(rt) <= kept  # the views went back: 20 messages lost
-        for i in range(5):
-            rt.app.send_message(T, CID, sender=MEMBERS[2], text=f"after {i}", client_msg_id=f"a{i}")
-        deadline = time.monotonic() + 180
-        while not rt.wait_until(rt.app.log_position(), timeout=2.0):
-            assert time.monotonic() < deadline, f"not caught up: {c.log_of('worker')}"
-        top = 35
-        views_position(rt)  # the replica's sessions answer again (a first request may meet a dead connection)
-        for u in MEMBERS:
-            seqs = [e["conversation_seq"] for e in rt.queries.mailbox(T, u, 0, 1000)["entries"]]
-            assert seqs == list(range(1, top + 1)), (u, sorted(set(range(1, top + 1)) - set(seqs))[:5])
-        head = rt.views.head(T, CID)
-        assert head is not None and head["latest_conversation_seq"] == top
-        checked = verify_distributed(load_settings({**c.urls, **c.settings_env}), progress=False)
-        assert checked.equal, {t: d for t, d in checked.differences.items()}
-        log = (c.logs / "worker.log").read_text(errors="replace")
-        assert "they lost acknowledged writes" in log, log[-3000:]
-        assert "records again" in log and "Traceback" not in log, log[-3000:]
-    finally:
-        c.close(signal.SIGKILL)
+    c, rt = cluster, cluster.runtimes[0]
+    for i in range(10):
+        rt.app.send_message(T, CID, sender=MEMBERS[0], text=f"kept {i}", client_msg_id=f"k{i}")
+    c.settle(rt, timeout=120)
+    kept = rt.position()
+    subprocess.run(["bash", str(SCRIPTS / "cassandra-down.sh")], check=True, stdout=subprocess.DEVNULL, timeout=120)
+    shutil.copytree(data, backup, symlinks=True)
+    cassandra_up()
+    for i in range(20):
+        rt.app.send_message(T, CID, sender=MEMBERS[1], text=f"lost {i}", client_msg_id=f"l{i}")
+    c.settle(rt, timeout=180)
+    cassandra_kill_9()
+    shutil.rmtree(data)
+    shutil.copytree(backup, data, symlinks=True)
+    cassandra_up()
+    assert views_position(rt) <= kept  # the views went back: 20 messages lost
+    for i in range(5):
+        rt.app.send_message(T, CID, sender=MEMBERS[2], text=f"after {i}", client_msg_id=f"a{i}")
+    deadline = time.monotonic() + 180
+    while not rt.wait_until(rt.app.log_position(), timeout=2.0):
+        assert time.monotonic() < deadline, f"not caught up: {c.log_of('worker')}"
+    top = 35
+    views_position(rt)  # the replica's sessions answer again (a first request may meet a dead connection)
+    for u in MEMBERS:
+        seqs = [e["conversation_seq"] for e in rt.queries.mailbox(T, u, 0, 1000)["entries"]]
+        assert seqs == list(range(1, top + 1)), (u, sorted(set(range(1, top + 1)) - set(seqs))[:5])
+    head = rt.views.head(T, CID)
+    assert head is not None and head["latest_conversation_seq"] == top
+    checked = verify_distributed(load_settings({**c.urls, **c.settings_env}), progress=False)
+    assert checked.equal, {t: d for t, d in checked.differences.items()}
+    log = (c.logs / "worker.log").read_text(errors="replace")
+    assert "they lost acknowledged writes" in log, log[-3000:]
+    assert "records again" in log and "Traceback" not in log, log[-3000:]
