@@ -60,7 +60,7 @@ from projections.capacity import ReviewTrigger
 from projections.capacity_monitor import CapacityMonitor
 from projections.failures import Throttled, storage_failure
 from projections.hosting import Effect, Projection, build_projections, topics
-from projections.ports import ViewStore
+from projections.ports import LogPosition, ViewStore
 from streams.log_reader import KafkaPartitionReader, LogGapUnreadable
 from streams.pushes import BEAT_INTERVAL, WorkerBeat, ensure_topic, partition_count, worker_id
 from streams.records import BadRecord, EventRecord, Watermark, decode
@@ -218,6 +218,7 @@ class PartitionHost:
     def _resume(self, partition: int, records: Sequence[Record]) -> Sequence[Record]:
         """Check the views still stand where this host left them, (re)load the partition
         if needed, and put in front of `records` those the views have not applied."""
+        stored: LogPosition | None = None
         if partition in self._tracked:
             stored = self.views.log_position(partition)
             committed = self._committed.get(partition)
@@ -230,12 +231,11 @@ class PartitionHost:
                         f"another worker while this one stood at {committed}; its working set is reloaded"
                     )
                 self.forget([partition], failed=True)  # below what we committed: lost writes
-        if partition not in self._tracked:
-            records = self._load(partition, records)
+        if partition not in self._tracked:  # (re)load; the row just read is still where the views stand
+            records = self._load(partition, records, stored or self.views.log_position(partition))
         return records
 
-    def _load(self, partition: int, records: Sequence[Record]) -> Sequence[Record]:
-        stored = self.views.log_position(partition)
+    def _load(self, partition: int, records: Sequence[Record], stored: LogPosition | None) -> Sequence[Record]:
         tracked = self.tracked(partition)
         self._committed[partition] = stored.position if stored is not None else None
         floor = self._floor.pop(partition, None)
