@@ -41,6 +41,11 @@ CREATE TABLE IF NOT EXISTS {ks}.mailbox (
     PRIMARY KEY ((tenant, user_id), pos)
 ) WITH CLUSTERING ORDER BY (pos ASC) AND ID = {id}"""
 
+INSERT_ENTRY = (
+    "INSERT INTO {ks}.mailbox (tenant, user_id, pos, conversation_seq, conversation_id, flags) "
+    "VALUES (?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"  # the message's log position (cassandra_stamps)
+)
+
 
 class _GroupedBatchWarnings(logging.Filter):
     """The driver logs every server warning; an UNLOGGED batch of members (one partition
@@ -139,10 +144,7 @@ class CassandraMailbox:
         self.keyspace = keyspace
         self._cluster = cluster  # shut down by close() when this store opened it
         ks = keyspace
-        self._insert: PreparedStatement = session.prepare(
-            f"INSERT INTO {ks}.mailbox (tenant, user_id, pos, conversation_seq, conversation_id, flags) "
-            "VALUES (?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"  # the message's log position (cassandra_stamps)
-        )
+        self._insert: PreparedStatement = session.prepare(INSERT_ENTRY.format(ks=ks))
         self._read: PreparedStatement = session.prepare(
             f"SELECT pos, conversation_seq, conversation_id, flags FROM {ks}.mailbox "
             "WHERE tenant=? AND user_id=? AND pos>? AND pos<=? LIMIT ?"
@@ -184,18 +186,31 @@ class CassandraMailbox:
 
     # -- writing -------------------------------------------------------------------
 
-    def batches(self, tenant: str, refs: MessageRefs) -> Iterator[BatchStatement]:
-        """UNLOGGED batches of BATCH_ROWS rows: consecutive members of each shard list."""
-        insert, special, flags = self._insert, refs.special, refs.flags
+    def rows(
+        self, tenant: str, refs: MessageRefs, insert: PreparedStatement | None = None
+    ) -> Iterator[tuple[PreparedStatement, tuple[Any, ...]]]:
+        """The insert of each entry: consecutive members of each shard list. The views' unit of
+        work packs them into its first round with the other member-keyed rows, with `insert`
+        (INSERT_ENTRY prepared on its own session)."""
+        special, flags = refs.special, refs.flags
+        insert = insert or self._insert
         pos, seq, cid = refs.pos, refs.seq, refs.conversation_id
         ts = stamp(pos)
         for shard in sorted(refs.shards):
-            users = refs.shards[shard]
-            for i in range(0, len(users), BATCH_ROWS):
-                batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-                for u in users[i : i + BATCH_ROWS]:
-                    batch.add(insert, (tenant, u, pos, seq, cid, special.get(u, flags), ts))
+            for u in refs.shards[shard]:
+                yield insert, (tenant, u, pos, seq, cid, special.get(u, flags), ts)
+
+    def batches(self, tenant: str, refs: MessageRefs) -> Iterator[BatchStatement]:
+        """UNLOGGED batches of BATCH_ROWS rows, packed across shard lists."""
+        batch, n = BatchStatement(batch_type=BatchType.UNLOGGED), 0
+        for stmt, args in self.rows(tenant, refs):
+            batch.add(stmt, args)
+            n += 1
+            if n == BATCH_ROWS:
                 yield batch
+                batch, n = BatchStatement(batch_type=BatchType.UNLOGGED), 0
+        if n:
+            yield batch
 
     def write(self, tenant: str, refs: MessageRefs) -> int:
         run(self.session, ((b, None) for b in self.batches(tenant, refs)))

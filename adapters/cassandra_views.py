@@ -1,11 +1,14 @@
 """Cassandra backend of the read side (the views of the distributed runtime): a
 ViewStore whose unit of work buffers its writes and executes them, at the end of the
-block, in an order that makes a crash part-way harmless (ADR-0012): mailbox entries,
-messages, delivery records, member states (conversation-keyed and user-keyed copies),
-reviews / tiers / capacity, THEN the heads (with the position of the last event applied
-to each conversation), THEN the tracking positions. Cassandra has no transaction
-across partitions: a crash can leave everything but heads and tracking written, and
-the projections are idempotent for that (tests/contract/test_projection_replay.py).
+block, in three rounds, every request of a round in flight at once, in an order that
+makes a crash part-way harmless (ADR-0012, ADR-0025): A. the member-keyed rows (mailbox
+entries, user-keyed states), the heads' lookups, reviews / tiers / capacity; B. per
+conversation ONE batch of its messages, delivery records, conversation-keyed states AND
+its head (with the position of the last event applied to it): one partition key, so one
+mutation, applied atomically; C. the tracking positions. Cassandra has no transaction
+across partitions: a crash can leave round A (and some conversations of round B) written
+without the tracking, and the projections are idempotent for that
+(tests/contract/test_projection_replay.py).
 
 Every read is one partition (or a bounded set of partitions read concurrently); no
 join. Layout, keys, consistency and numbers: docs/adr/0014-cassandra-data-model.md.
@@ -24,7 +27,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from cassandra import ConsistencyLevel
@@ -34,12 +37,19 @@ from cassandra.io.asyncioreactor import AsyncioConnection
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
 from cassandra.query import BatchStatement, BatchType, PreparedStatement, dict_factory
 
+from adapters.cassandra_mailbox import INSERT_ENTRY, CassandraMailbox
 from adapters.cassandra_stamps import stamp
 from projections.ports import ALL_PARTS, LogPosition, MailboxEntry, MailboxStore, MessageRefs
 from projections.state import Session as LoginSession
 from projections.state import SessionHead, UserConversationState, sessions_by_two_reads
 
 BATCH_ROWS = 100  # rows per UNLOGGED batch
+MEMBER_BATCH_ROWS = 250  # rows per batch of round A (member-keyed rows: one partition each)
+# Round B: a batch holds whole conversations (rows and head: one mutation each), at most this many
+# rows and about this many bytes (Cassandra warns above batch_size_warn_threshold, 64 KiB here)
+CONVERSATION_BATCH_ROWS = 250
+CONVERSATION_BATCH_BYTES = 48 * 1024
+ROW_BYTES = 160  # an estimate of a row's size without its text
 IN_FLIGHT = 200  # requests in the air at once
 PUSH_COUNTS_KEPT = 10_000  # messages whose push count a replica remembers (a message is pushed at once)
 HEADS_PER_READ = 100  # conversation heads read by one request of the login's batched read
@@ -234,17 +244,70 @@ def run(session: Session, statements: Iterable[tuple[Any, Any]]) -> None:
     execute_concurrent(session, statements, concurrency=IN_FLIGHT, raise_on_first_error=True)
 
 
-def _batches(stmts: Iterable[tuple[PreparedStatement, tuple[Any, ...]]]) -> Iterator[tuple[BatchStatement, None]]:
-    """UNLOGGED batches of BATCH_ROWS statements (grouped writes, not one round trip each)."""
+def _batches(
+    stmts: Iterable[tuple[PreparedStatement, tuple[Any, ...]]], rows: int = BATCH_ROWS
+) -> Iterator[tuple[BatchStatement, None]]:
+    """UNLOGGED batches of `rows` statements (grouped writes, not one round trip each)."""
     batch, n = BatchStatement(batch_type=BatchType.UNLOGGED), 0
     for stmt, args in stmts:
         batch.add(stmt, args)
         n += 1
-        if n == BATCH_ROWS:
+        if n == rows:
             yield batch, None
             batch, n = BatchStatement(batch_type=BatchType.UNLOGGED), 0
     if n:
         yield batch, None
+
+
+Row = tuple[PreparedStatement, tuple[Any, ...], int]  # a statement, its values, its estimated bytes
+
+
+@dataclass
+class _Conversation:
+    """One conversation's rows of a unit of work (round B of the commit)."""
+
+    rows: list[Row] = field(default_factory=list)  # member states, messages, broadcasts, delivery records
+    head: Row | None = None
+
+
+def _conversation_batches(
+    conversations: Iterable[_Conversation],
+) -> tuple[list[tuple[BatchStatement, None]], list[tuple[BatchStatement, None]]]:
+    """Round B's batches. Each conversation's rows and its head go in ONE batch: one partition
+    key, so one mutation, applied atomically. Several conversations share a batch up to
+    CONVERSATION_BATCH_ROWS rows and CONVERSATION_BATCH_BYTES. A conversation too large for one
+    batch (a large join, a burst of long messages) sends its first rows ahead in chunks (`early`,
+    written before any head); its last chunk rides with its head in `final`."""
+    early: list[tuple[BatchStatement, None]] = []
+    final: list[tuple[BatchStatement, None]] = []
+    batch, n, size = BatchStatement(batch_type=BatchType.UNLOGGED), 0, 0
+    for x in conversations:
+        rows = [*x.rows, *([x.head] if x.head is not None else [])]
+        tail, tail_bytes = len(rows), 0  # the rows that fit in one batch with the head, from the end
+        while tail > 0 and len(rows) - tail < CONVERSATION_BATCH_ROWS:
+            if tail_bytes + rows[tail - 1][2] > CONVERSATION_BATCH_BYTES and tail < len(rows):
+                break
+            tail -= 1
+            tail_bytes += rows[tail][2]
+        ahead, rows = rows[:tail], rows[tail:]
+        chunk, chunk_n, chunk_bytes = BatchStatement(batch_type=BatchType.UNLOGGED), 0, 0
+        for stmt, args, b in ahead:
+            if chunk_n and (chunk_n == CONVERSATION_BATCH_ROWS or chunk_bytes + b > CONVERSATION_BATCH_BYTES):
+                early.append((chunk, None))
+                chunk, chunk_n, chunk_bytes = BatchStatement(batch_type=BatchType.UNLOGGED), 0, 0
+            chunk.add(stmt, args)
+            chunk_n, chunk_bytes = chunk_n + 1, chunk_bytes + b
+        if chunk_n:
+            early.append((chunk, None))
+        if n and (n + len(rows) > CONVERSATION_BATCH_ROWS or size + tail_bytes > CONVERSATION_BATCH_BYTES):
+            final.append((batch, None))
+            batch, n, size = BatchStatement(batch_type=BatchType.UNLOGGED), 0, 0
+        for stmt, args, _ in rows:
+            batch.add(stmt, args)
+        n, size = n + len(rows), size + tail_bytes
+    if n:
+        final.append((batch, None))
+    return early, final
 
 
 # -- the unit of work ---------------------------------------------------------------
@@ -441,6 +504,12 @@ class CassandraViews:
             "capacity_create": p(f"INSERT INTO {ks}.capacity (projection, body) VALUES (?, ?) IF NOT EXISTS"),
             "capacity_swap": p(f"UPDATE {ks}.capacity SET body=? WHERE projection=? IF body=?"),
         }
+        # the mailbox table of this keyspace: its entries ride the first round of a commit
+        self._mailbox_insert: PreparedStatement | None = (
+            p(INSERT_ENTRY.format(ks=ks))
+            if isinstance(mailbox, CassandraMailbox) and mailbox.keyspace == keyspace
+            else None
+        )
         self._r: dict[str, PreparedStatement] = {
             "position": p(f"SELECT position FROM {ks}.tracking WHERE projection=? AND partition=?"),
             "projection": p(f"SELECT partition, position FROM {ks}.tracking WHERE projection=?"),
@@ -525,21 +594,87 @@ class CassandraViews:
             self._commit(w, now)
 
     def _commit(self, w: CassandraWriter, now: float | None) -> None:
-        s, ps, ts = self.session, self._w, w.stamp()
-        # 1. mailbox entries (idempotent upserts, grouped UNLOGGED batches; each stamped with
-        #    its message's position by the mailbox store)
+        """Three rounds, every request of a round in flight at once (ADR-0025):
+        A. member-keyed rows (mailbox entries, user-keyed states) and the rows a head needs to
+           resolve (its lookups) and reviews / tiers / capacity;
+        B. per conversation ONE batch of its messages, broadcasts, delivery records,
+           conversation-keyed states and its head: one partition key of one keyspace, so one
+           mutation, applied atomically (a head lands if and only if its rows do); only the
+           member rows of a conversation too large for one batch go first, in chunks;
+        C. tracking, last: each position stamped with itself, so it never goes back."""
+        ps, ts = self._w, w.stamp()
+        at = now if now is not None else time.time()  # materialized_at: with the head, after every entry
         w.step("mailbox")
+        members, conversations = self._rows(w, ts, at)
+        rows_a: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
         for tenant, refs in w.mailbox:
-            self.mailbox.write(tenant, refs)
-        if w.mailbox:
-            self.mailbox.flush()
-        # materialized_at: once every entry is written (as the SQLite and memory views stamp it)
-        at = now if now is not None else time.time()
+            rows_a.extend(self._mailbox_rows(tenant, refs))
+        rows_a.extend(members)
+        for (t, c), h in w.heads.items():
+            rows_a.append((ps["by_aggregate"], (str(h["aggregate_id"]), t, c, ts)))
+            rows_a.append((ps["by_tenant"], (t, c, h["size_bucket"], ts)))
+        for r in w.reviews.values():
+            text, written = json.dumps(r), self._stamp()
+            rows_a.append((ps["review"], (r["review_id"], r["tenant"], text, written, ts)))
+            rows_a.append((ps["review_by_tenant"], (r["tenant"], r["review_id"], text, written, ts)))
+        for tier_id, tier in w.tiers.items():
+            rows_a.append((ps["tier"], (ts, {k: json.dumps(v) for k, v in tier.items()}, tier_id)))
+        for name, body in w.capacity.items():
+            rows_a.append((ps["capacity"], (name, json.dumps(body), ts)))
+        run(self.session, _batches(rows_a, MEMBER_BATCH_ROWS))
+        # B. a conversation's rows that do not fit in one batch with its head, then the heads
+        early, final = _conversation_batches(conversations.values())
         w.step("rows")
-        # 2. messages (and the broadcast index the working set loads)
-        stmts: list[tuple[Any, Any]] = []
+        run(self.session, early)
+        w.step("heads")
+        run(self.session, final)
+        w.step("tracking")
+        run(
+            self.session,
+            [(ps["track"], (name, partition, pos, stamp(pos))) for (name, partition), pos in w.positions.items()]
+            + [
+                (ps["log_position"], (partition, pos, offset, stamp(pos)))
+                for partition, (pos, offset) in w.log_positions.items()
+            ],
+        )
+
+    def _mailbox_rows(self, tenant: str, refs: MessageRefs) -> Iterable[tuple[PreparedStatement, tuple[Any, ...]]]:
+        if self._mailbox_insert is not None and isinstance(self.mailbox, CassandraMailbox):
+            return self.mailbox.rows(tenant, refs, self._mailbox_insert)  # this keyspace's table: round A
+        self.mailbox.write(tenant, refs)  # another store: written (and flushed) before round A
+        self.mailbox.flush()
+        return ()
+
+    def _rows(
+        self, w: CassandraWriter, ts: int, at: float
+    ) -> tuple[list[tuple[PreparedStatement, tuple[Any, ...]]], dict[tuple[str, str], _Conversation]]:
+        """The member-keyed state rows (round A), and each conversation's rows (round B)."""
+        ps = self._w
+        members: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
+        convs: dict[tuple[str, str], _Conversation] = {}
+
+        def conv(t: str, c: str) -> _Conversation:
+            x = convs.get((t, c))
+            if x is None:
+                x = convs[(t, c)] = _Conversation()
+            return x
+
+        for (tenant, cid, u), (op, value) in sorted(w.states.items(), key=lambda kv: kv[0]):
+            if op == "put":
+                row = _state_cells(value)
+                conv(tenant, cid).rows.append((ps["conv_state"], (tenant, cid, u, *row, ts), ROW_BYTES))
+                members.append((ps["user_state"], (tenant, u, cid, *row, ts)))
+            elif op == "gap":
+                delivered, skipping, gap_end = value
+                cells = (_seq_cell(delivered), skipping, _seq_cell(gap_end))
+                conv(tenant, cid).rows.append((ps["conv_gap"], (ts, *cells, tenant, cid, u), ROW_BYTES))
+                members.append((ps["user_gap"], (ts, *cells, tenant, u, cid)))
+            else:
+                conv(tenant, cid).rows.append((ps["conv_delete"], (ts, tenant, cid, u), ROW_BYTES))
+                members.append((ps["user_delete"], (ts, tenant, u, cid)))
         for (tenant, cid, seq), m in w.messages.items():
-            stmts.append(
+            x = conv(tenant, cid)
+            x.rows.append(
                 (
                     ps["message"],
                     (
@@ -557,15 +692,13 @@ class CassandraViews:
                         m["pos"],
                         ts,
                     ),
+                    ROW_BYTES + len(m["text"].encode()),
                 )
             )
             if m["mention_all"] or m["announcement"]:
-                stmts.append((ps["broadcast"], (tenant, cid, seq, ts)))
-        run(s, stmts)
-        # 3. delivery records, materialized now
-        run(
-            s,
-            [
+                x.rows.append((ps["broadcast"], (tenant, cid, seq, ts), ROW_BYTES))
+        for (t, c, q), r in w.deliveries.items():
+            conv(t, c).rows.append(
                 (
                     ps["delivery"],
                     (
@@ -582,82 +715,14 @@ class CassandraViews:
                         at,
                         ts,
                     ),
+                    ROW_BYTES,
                 )
-                for (t, c, q), r in w.deliveries.items()
-            ],
-        )
-        # 4. member states: the conversation-keyed copy (single-partition batches) and the user-keyed one
-        self._write_states(w.states, ts)
-        # 5. reviews, tiers, capacity
-        stmts = []
-        for r in w.reviews.values():
-            text, written = json.dumps(r), self._stamp()
-            stmts.append((ps["review"], (r["review_id"], r["tenant"], text, written, ts)))
-            stmts.append((ps["review_by_tenant"], (r["tenant"], r["review_id"], text, written, ts)))
-        for tier_id, t in w.tiers.items():
-            stmts.append((ps["tier"], (ts, {k: json.dumps(v) for k, v in t.items()}, tier_id)))
-        for name, body in w.capacity.items():
-            stmts.append((ps["capacity"], (name, json.dumps(body), ts)))
-        run(s, stmts)
-        # 6. heads: their lookups first (a head found means its aggregate resolves), then the heads
-        w.step("heads")
-        run(
-            s,
-            [(ps["by_aggregate"], (str(h["aggregate_id"]), t, c, ts)) for (t, c), h in w.heads.items()]
-            + [(ps["by_tenant"], (t, c, h["size_bucket"], ts)) for (t, c), h in w.heads.items()],
-        )
-        run(
-            s,
-            [(ps["head"], (t, c, *(_head_value(h, k) for k in HEAD_COLUMNS), ts)) for (t, c), h in w.heads.items()],
-        )
-        # 7. tracking, last: each position stamped with itself, so it never goes back
-        w.step("tracking")
-        run(
-            s,
-            [(ps["track"], (name, partition, pos, stamp(pos))) for (name, partition), pos in w.positions.items()]
-            + [
-                (ps["log_position"], (partition, pos, offset, stamp(pos)))
-                for partition, (pos, offset) in w.log_positions.items()
-            ],
-        )
-
-    def _write_states(self, states: dict[tuple[str, str, str], tuple[str, Any]], ts: int) -> None:
-        ps = self._w
-        conv: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
-        keys: list[tuple[str, str]] = []  # the conversation-keyed partition of each conv statement
-        user: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
-        for (tenant, cid, u), (op, value) in sorted(states.items(), key=lambda kv: kv[0]):
-            keys.append((tenant, cid))
-            if op == "put":
-                row = _state_cells(value)
-                conv.append((ps["conv_state"], (tenant, cid, u, *row, ts)))
-                user.append((ps["user_state"], (tenant, u, cid, *row, ts)))
-            elif op == "gap":
-                delivered, skipping, gap_end = value
-                cells = (_seq_cell(delivered), skipping, _seq_cell(gap_end))
-                conv.append((ps["conv_gap"], (ts, *cells, tenant, cid, u)))
-                user.append((ps["user_gap"], (ts, *cells, tenant, u, cid)))
-            else:
-                conv.append((ps["conv_delete"], (ts, tenant, cid, u)))
-                user.append((ps["user_delete"], (ts, tenant, u, cid)))
-
-        def by_partition() -> Iterator[tuple[BatchStatement, None]]:
-            # conversation-keyed rows sorted by (tenant, conversation): one partition per batch
-            i = 0
-            while i < len(conv):
-                key = keys[i]
-                j = i
-                while j < len(conv) and j - i < BATCH_ROWS and keys[j] == key:
-                    j += 1
-                batch = BatchStatement(batch_type=BatchType.UNLOGGED)
-                for stmt, args in conv[i:j]:
-                    batch.add(stmt, args)
-                yield batch, None
-                i = j
-
-        if conv:
-            run(self.session, by_partition())
-            run(self.session, _batches(user))
+            )
+        for (t, c), h in w.heads.items():
+            values = (t, c, *(_head_value(h, k) for k in HEAD_COLUMNS), ts)
+            text = f"{h.get('title') or ''}{h.get('preview') or ''}"
+            conv(t, c).head = (ps["head"], values, ROW_BYTES + len(text.encode()))
+        return members, convs
 
     def _stamp(self) -> int:
         """Increasing write stamps in microseconds: reviews list in the order written."""

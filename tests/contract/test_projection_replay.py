@@ -10,6 +10,7 @@ to domain events. Split points cover every event of the log."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -98,11 +99,25 @@ class _NoHeadNoTracking(_NoTracking):
         pass
 
 
-def apply(views: Any, events: list[tuple[int, Any]], *, tracking: bool = True, heads: bool = True) -> None:
+class Crash(Exception):
+    """The process died at a step of its commit (what the rounds before it wrote stays)."""
+
+
+def apply(
+    views: Any,
+    events: list[tuple[int, Any]],
+    *,
+    tracking: bool = True,
+    heads: bool = True,
+    crash_at: str | None = None,
+) -> None:
     """Apply events in one unit of work with every declared projection, freshly built
-    (as a restarted runner or a newly assigned Faust partition would be)."""
+    (as a restarted runner or a newly assigned Faust partition would be). `crash_at`: the
+    commit stops at that step (the store's checkpoint raises Crash)."""
     projections = build_projections(views, PARAMS)
     with views.unit_of_work() as w:
+        if crash_at is not None:
+            w.checkpoint = partial(_crash_at, crash_at)
         writer = w if tracking else _NoTracking(w) if heads else _NoHeadNoTracking(w)
         for position, event in events:
             for p in projections:
@@ -112,6 +127,11 @@ def apply(views: Any, events: list[tuple[int, Any]], *, tracking: bool = True, h
             p.flush(writer)
             if events:
                 writer.track(p.name, events[-1][0])
+
+
+def _crash_at(step: str, reached: str) -> None:
+    if reached == step:
+        raise Crash(step)
 
 
 def snapshot(views: Any) -> dict[str, Any]:
@@ -189,6 +209,35 @@ class ProjectionReplayContract:
             views.close()
 
 
+class CommitInRoundsContract:
+    """A store whose commit is several rounds of requests (no transaction across them):
+    the unit dies at each step between its rounds, at every split point of the log, and
+    replaying the suffix from the tracked position yields the reference views."""
+
+    COMMIT_STEPS: tuple[str, ...] = ()  # the steps the store's commit passes (its checkpoint names)
+
+    @classmethod
+    def make(cls, path: Path) -> ViewStore:
+        raise NotImplementedError
+
+    @pytest.mark.parametrize("split", range(LOG_EVENTS))
+    def test_replaying_after_a_crash_between_the_rounds_of_a_commit_changes_nothing(
+        self, split: int, log: list[tuple[int, Any]], reference: dict[str, Any], tmp_path: Path
+    ) -> None:
+        assert self.COMMIT_STEPS, "a store in this contract names the steps of its commit"
+        views = self.make(tmp_path / "v")
+        try:
+            apply(views, log[:split])
+            for step in self.COMMIT_STEPS:
+                with pytest.raises(Crash):  # the store reached the step: what came before it landed
+                    apply(views, log[split : split + 2], crash_at=step)
+                assert views.position(DeliveryProjection.name) == (log[split - 1][0] if split else 0)
+            apply(views, log[split:])  # the suffix again, from the tracked position
+            assert snapshot(views) == reference
+        finally:
+            views.close()
+
+
 class TestSqliteViewsReplay(ProjectionReplayContract):
     @classmethod
     def make(cls, path: Path) -> ViewStore:
@@ -201,11 +250,12 @@ class TestMemoryViewsReplay(ProjectionReplayContract):
         return MemoryViews()
 
 
-class TestCassandraViewsReplay(ProjectionReplayContract):
+class TestCassandraViewsReplay(ProjectionReplayContract, CommitInRoundsContract):
     """On the running Cassandra: one keyspace for the class, emptied for each store
     (the reference is built, and snapshotted, before any split point's store)."""
 
     keyspace: CassandraKeyspace
+    COMMIT_STEPS = ("mailbox", "rows", "heads", "tracking")  # adapters/cassandra_views.py _commit
 
     @pytest.fixture(scope="class", autouse=True)
     @classmethod
