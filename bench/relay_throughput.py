@@ -98,7 +98,12 @@ def measure(
 ) -> dict[str, float]:
     app = FanoutApplication(Parameters(), env)
     relay = Relay(
-        app, bootstrap=bootstrap, topic=topic, partitions=partitions, batch=batch, linger=0.005 if batch > 1 else 0
+        app,
+        bootstrap=bootstrap,
+        topic=topic,
+        partitions=partitions,
+        batch=batch,
+        commit_interval=0.02 if batch > 1 else 0,
     )
     t0 = time.perf_counter()
     relay.start()

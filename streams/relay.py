@@ -6,9 +6,13 @@ How:
 
 * the log is followed with the recorder's LISTEN/NOTIFY subscription (`subscribe(gt=...)`,
   eventsourcing 9.5.6 `PostgresSubscription`), with its start window closed (`_Subscription`);
-* notifications are relayed in batches (up to `batch`, or what arrived within `linger`
-  seconds), one Kafka transaction per batch, by a transactional producer whose
-  transactional.id is fixed per topic (`fanout-relay.<topic>`);
+* notifications are relayed in batches, one Kafka transaction per batch, by a transactional
+  producer whose transactional.id is fixed per topic (`fanout-relay.<topic>`); the batches
+  are group-committed (ADR-0023): a transaction begins at most every `commit_interval`
+  seconds (or at once when `batch` notifications are waiting) and takes everything that
+  queued since the previous one began, so a steady trickle of sends costs one transaction
+  (and one set of watermarks) per interval, while a lone send after a quiet spell is
+  relayed at once;
 * every record carries its log position (streams/records.py), and each transaction ends
   with a Watermark(last position) record on EVERY partition; the position the relay has
   reached is therefore committed atomically with the records themselves: there is no
@@ -35,6 +39,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -82,6 +87,7 @@ _NOT_READY = frozenset(
     }
 )
 _END = object()
+PRODUCER_LINGER_MS = 5
 Headers = list[tuple[str, str | bytes | None]]  # what Producer.produce takes
 
 
@@ -409,6 +415,9 @@ class RelayStats:
     transactions: int = 0
     aborted: int = 0  # transactions aborted and retried
     started_at: float = 0.0
+    # The longest a batch's first notification was held in the relay (taken from the
+    # subscription -> its transaction began): at most about `commit_interval`.
+    longest_hold: float = 0.0
 
 
 class Relay:
@@ -426,7 +435,7 @@ class Relay:
         replication: int = 1,
         transactional_id: str | None = None,
         batch: int = 500,
-        linger: float = 0.005,
+        commit_interval: float = 0.02,
         log_interval: float = 5.0,
         transaction_timeout: float = 60.0,
         kafka_logger: logging.Logger | None = None,
@@ -437,6 +446,8 @@ class Relay:
             )
         if batch < 1:
             raise ValueError("batch must be at least 1")
+        if commit_interval < 0:
+            raise ValueError("commit_interval must not be negative")
         self.app = app
         self.recorder: PostgresApplicationRecorder = app.recorder
         self.bootstrap = bootstrap
@@ -445,7 +456,9 @@ class Relay:
         self.replication = replication
         self.transactional_id = transactional_id or transactional_id_for(topic)
         self.batch = batch
-        self.linger = linger
+        self.commit_interval = commit_interval
+        # when the last transaction began (monotonic): the next begins commit_interval later at the earliest
+        self._began = float("-inf")
         self.log_interval = log_interval
         self.transaction_timeout = transaction_timeout
         self.kafka_logger = kafka_logger or rdkafka_log
@@ -475,7 +488,9 @@ class Relay:
                 "acks": "all",
                 # where a key lands (streams/routing.py): the replicas' per-conversation fresh reads rely on it
                 "partitioner": PARTITIONER,
-                "linger.ms": max(0, int(self.linger * 1000)),
+                # commit_transaction flushes whatever linger holds: this only batches the
+                # produce calls of one transaction into few requests.
+                "linger.ms": PRODUCER_LINGER_MS,
                 "compression.type": "lz4",
                 "message.max.bytes": MAX_RECORD_BYTES + 1024 * 1024,
                 "transaction.timeout.ms": int(self.transaction_timeout * 1000),
@@ -589,29 +604,39 @@ class Relay:
         self._log_progress()
 
     def _take(self, inbox: queue.Queue[Any]) -> tuple[list[Notification], tuple[object, BaseException | None] | None]:
-        """Up to `batch` notifications: what is there, plus what arrives within `linger`."""
+        """The next batch (group commit, ADR-0023): block for a first notification, then
+        take everything queued until `commit_interval` after the previous transaction
+        began, or until `batch` notifications. After a quiet spell the interval is over
+        already: a lone notification goes at once. Under load a transaction begins every
+        interval with what queued while the previous one was committing."""
         notes: list[Notification] = []
         try:
             item = inbox.get(timeout=0.5)
         except queue.Empty:
             return notes, None
-        deadline = time.monotonic() + self.linger
+        taken = time.monotonic()
+        deadline = self._began + self.commit_interval
         while True:
             if isinstance(item, tuple):
-                return notes, item
+                return self._held(notes, taken), item
             notes.append(item)
             if len(notes) >= self.batch:
-                return notes, None
-            try:
-                item = inbox.get_nowait()
-            except queue.Empty:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return notes, None
+                return self._held(notes, taken), None
+            item = None
+            while item is None:
                 try:
-                    item = inbox.get(timeout=left)
+                    item = inbox.get_nowait()
                 except queue.Empty:
-                    return notes, None
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._stop.is_set():
+                        return self._held(notes, taken), None
+                    with suppress(queue.Empty):
+                        item = inbox.get(timeout=min(left, 0.5))
+
+    def _held(self, notes: list[Notification], taken: float) -> list[Notification]:
+        if notes:
+            self.stats.longest_hold = max(self.stats.longest_hold, time.monotonic() - taken)
+        return notes
 
     # -- one transaction -------------------------------------------------------------------
 
@@ -628,6 +653,7 @@ class Relay:
         while True:
             attempt += 1
             try:
+                self._began = time.monotonic()
                 p.begin_transaction()
                 for key, n in records:
                     rec = EventRecord(n.id, n.topic, _uuid(n.originator_id), n.originator_version, n.state)

@@ -806,3 +806,123 @@ def test_a_relay_paused_mid_transaction_is_fenced_by_its_successor(
                 p.wait(10)
         probe.close()
         w.close()
+
+
+# -- f. group commit (ADR-0023) -----------------------------------------------------------------------
+
+
+def _burst(env: dict[str, str], writers: int, each: int) -> float:
+    """`writers` threads, each committing `each` one-event transactions to the store as fast as
+    it can (one NOTIFY per commit, the way replicas' sends arrive); returns the seconds it took."""
+    from eventsourcing.persistence import StoredEvent
+    from eventsourcing.utils import get_topic
+
+    topic = get_topic(Conversation.MessageSent)
+    apps = [FanoutApplication(Parameters(), env) for _ in range(writers)]
+    errors: list[BaseException] = []
+
+    def write(app: FanoutApplication) -> None:
+        try:
+            me = UUID(int=random.getrandbits(128))
+            for v in range(1, each + 1):
+                app.recorder.insert_events([StoredEvent(me, v, topic, b'{"n": %d}' % v)])
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(a,), daemon=True) for a in apps]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    took = time.monotonic() - t0
+    for a in apps:
+        a.close()
+    assert not errors, errors
+    return took
+
+
+def test_a_burst_of_notifications_is_relayed_in_few_transactions(
+    store: tuple[str, dict[str, str]], kafka: KafkaSettings
+) -> None:
+    """Commits arriving a millisecond or so apart are group-committed: a transaction begins at
+    most every commit_interval with everything that queued meanwhile, so the relay runs far
+    fewer transactions than the store had commits, and still delivers every position exactly
+    once, in order."""
+    url, env = store
+    w = Writer(env)
+    try:
+        w.conversation()
+        relay = RelayThread(env, kafka)  # default commit_interval: 0.02 s
+        try:
+            wait_for(lambda: relay.relay.position >= w.top(), 30, "the relay to start")
+            before = relay.relay.stats.transactions
+            commits = 4 * 100
+            took = _burst(env, writers=4, each=100)
+            top = w.top()
+            wait_for(lambda: relay.relay.position >= top, 30, "the burst to be relayed")
+            transactions = relay.relay.stats.transactions - before
+            hold = relay.relay.stats.longest_hold
+        finally:
+            relay.stop()
+        print(
+            f"{commits} commits in {took:.2f} s relayed in {transactions} transactions "
+            f"(longest hold {1000 * hold:.1f} ms)"
+        )
+        # at most one transaction per interval while the burst lasted (+1 for the tail, +1 for slack)
+        assert transactions <= took / relay.relay.commit_interval + 2, (transactions, took)
+        assert transactions <= commits // 4, f"{commits} commits in {transactions} transactions"
+        seen = read_topic(kafka)
+        check_exactly_once(seen, store_positions(url), kafka.partitions)
+        check_partition_order(seen, kafka.partitions)
+    finally:
+        w.close()
+
+
+def test_a_lone_notification_is_relayed_at_once_and_a_follower_within_the_interval(
+    store: tuple[str, dict[str, str]], kafka: KafkaSettings
+) -> None:
+    """Group commit must not tax a quiet log: a notification after a quiet spell begins its
+    transaction at once; one right behind it waits at most until commit_interval after the
+    previous transaction began (a long interval here, so the timing is clear on a busy machine)."""
+    url, env = store
+    w = Writer(env)
+    interval = 0.4
+    try:
+        w.conversation()
+        relay = RelayThread(env, kafka, commit_interval=interval)
+        try:
+            wait_for(lambda: relay.relay.position >= w.top(), 30, "the relay to start")
+            lone: list[float] = []
+            for _ in range(3):
+                time.sleep(interval + 0.1)  # a quiet spell longer than the interval
+                relay.relay.stats.longest_hold = 0.0
+                before = relay.relay.stats.transactions
+                t0 = time.monotonic()
+                w.send()
+                top = w.top()
+                wait_for(lambda: relay.relay.position >= top, 10, "the lone send")  # noqa: B023
+                lone.append(time.monotonic() - t0)
+                assert relay.relay.stats.transactions == before + 1
+                assert relay.relay.stats.longest_hold < interval / 4, relay.relay.stats.longest_hold
+            # a send right behind a transaction waits for the interval, not longer
+            time.sleep(interval + 0.1)
+            w.send()
+            first = w.top()
+            wait_for(lambda: relay.relay.position >= first, 10, "the first send")
+            relay.relay.stats.longest_hold = 0.0
+            t0 = time.monotonic()
+            w.send()
+            second = w.top()
+            wait_for(lambda: relay.relay.position >= second, 10, "the follower")
+            follower = time.monotonic() - t0
+            held = relay.relay.stats.longest_hold
+        finally:
+            relay.stop()
+        print(f"lone sends relayed in {[round(1000 * x) for x in lone]} ms; follower {1000 * follower:.0f} ms "
+              f"(held {1000 * held:.0f} ms)")  # fmt: skip
+        assert min(lone) < interval, lone  # it did not wait for an interval
+        assert held <= interval + 0.1, held
+        check_exactly_once(read_topic(kafka), store_positions(url), kafka.partitions)
+    finally:
+        w.close()
