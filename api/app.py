@@ -17,12 +17,13 @@ from aiohttp.typedefs import Handler
 
 from api.endpoint import ADMIN, spec_of
 from api.errors import error_middleware
-from api.keys import EXECUTOR, MAX_BODY_BYTES, MAX_CONNECTIONS, METRICS, RUNTIME, SECRET, SOCKETS
+from api.keys import EXECUTOR, MAX_BODY_BYTES, MAX_CONNECTIONS, METRICS, RUNTIME, SECRET, SOCKETS, TOKENS
 from api.metrics import Metrics
 from api.routes import setup_routes
 from api.ws import close_sockets
 from fanout.overload import fd_soft_limit, raise_fd_limit
 from fanout.runtime import Runtime
+from fanout.security import TokenVerifier
 from projections.failures import Throttled
 
 log = logging.getLogger("fanout.api")
@@ -100,6 +101,7 @@ def create_app(runtime: Runtime, secret: str, *, metrics: Metrics | None = None)
     app = web.Application(middlewares=[error_middleware, backpressure_middleware], client_max_size=MAX_BODY_BYTES)
     app[RUNTIME] = runtime
     app[SECRET] = secret
+    app[TOKENS] = TokenVerifier(secret)
     app[METRICS] = metrics if metrics is not None else Metrics(runtime)
     app[SOCKETS] = weakref.WeakSet()
     app[MAX_CONNECTIONS] = connection_bound(runtime.params.max_connections)

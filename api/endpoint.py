@@ -14,10 +14,10 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from api.keys import SECRET
+from api.keys import TOKENS
 from domain.errors import InvalidArgument
 from fanout import strict_json
-from fanout.security import Claims, Forbidden, Unauthenticated, verify_token
+from fanout.security import Claims, Forbidden, Unauthenticated
 
 SERVICE = frozenset({"service", "admin"})  # admin may also call service routes
 ADMIN = frozenset({"admin"})
@@ -117,7 +117,7 @@ def endpoint(
         async def handler(request: web.Request) -> web.StreamResponse:
             claims = None
             if roles is not None:
-                claims = authorize(verify_token(request.app[SECRET], bearer(request)), roles)
+                claims = authorize(request.app[TOKENS](bearer(request)), roles)
             data: BaseModel | None = None
             if body is not None:
                 data = validate_body(body, await request.read())

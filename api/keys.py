@@ -13,6 +13,7 @@ from aiohttp import web
 
 from api.metrics import Metrics
 from fanout.runtime import Runtime
+from fanout.security import TokenVerifier
 
 T = TypeVar("T")
 
@@ -20,6 +21,7 @@ MAX_BODY_BYTES = 1024 * 1024  # larger bodies are PAYLOAD_TOO_LARGE (client_max_
 
 RUNTIME = web.AppKey("runtime", Runtime)  # the protocol: any runtime serves the API
 SECRET = web.AppKey("secret", str)
+TOKENS = web.AppKey("tokens", TokenVerifier)  # verify_token under SECRET, verified tokens remembered
 METRICS = web.AppKey("metrics", Metrics)
 EXECUTOR = web.AppKey("executor", ThreadPoolExecutor)
 SOCKETS = web.AppKey("sockets", weakref.WeakSet[web.WebSocketResponse])

@@ -20,13 +20,13 @@ from pydantic import ValidationError
 from api import schemas
 from api.endpoint import USER, Spec, authorize, parse_json, validation_details
 from api.errors import error_response
-from api.keys import MAX_BODY_BYTES, MAX_CONNECTIONS, METRICS, RUNTIME, SECRET, SOCKETS, blocking
+from api.keys import MAX_BODY_BYTES, MAX_CONNECTIONS, METRICS, RUNTIME, SOCKETS, TOKENS, blocking
 from api.reads import REBUILD_TIMEOUT, conversation_sessions, history, projected, scope
 from domain.errors import FanoutError, InvalidArgument, RateLimited, Unavailable
 from fanout import strict_json
 from fanout.overload import storage_unavailable
 from fanout.push import Connection
-from fanout.security import Claims, Unauthenticated, verify_token
+from fanout.security import Claims, Unauthenticated
 from projections.failures import Throttled
 
 log = logging.getLogger("fanout.api.ws")
@@ -119,7 +119,7 @@ async def authenticate(request: web.Request, ws: web.WebSocketResponse) -> Claim
             raise Unauthenticated(f"the first frame must be AUTH{{token}}: {exc.message}", **exc.details) from None
         except ValidationError as exc:
             raise Unauthenticated("the first frame must be AUTH{token}", **validation_details(exc)) from None
-        return authorize(verify_token(request.app[SECRET], frame.token), USER)
+        return authorize(request.app[TOKENS](frame.token), USER)
     except FanoutError as error:
         await refuse(ws, error)
         return None

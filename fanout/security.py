@@ -11,6 +11,8 @@ import math
 import os
 import secrets
 import time
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,6 +109,12 @@ def mint_token(
 def verify_token(secret: str, token: str, now: float | None = None) -> Claims:
     """The claims of a valid token; Unauthenticated for an expired, forged or malformed one.
     Messages never repeat what the token holds."""
+    return _verify(secret, token, time.time() if now is None else now)[0]
+
+
+def _verify(secret: str, token: str, current: float) -> tuple[Claims, int]:
+    """verify_token at `current`, and the time before which the token is not valid (its nbf
+    or iat, the later; 0 without either)."""
     if not isinstance(token, str) or not token:
         raise Unauthenticated("a bearer token is required")
     if not token.isascii() or len(token) > MAX_TOKEN_LENGTH:
@@ -134,17 +142,54 @@ def verify_token(secret: str, token: str, now: float | None = None) -> Claims:
         value = claims.get(name)
         if name in claims and (type(value) is not int or not 0 <= value <= MAX_TIME):
             raise Unauthenticated(f"the token is not valid: {name} must be an integer time (seconds since the epoch)")
-    current = time.time() if now is None else now
-    if claims["exp"] <= current:
-        raise Unauthenticated("the token has expired")
-    if claims.get("nbf", 0) > current or claims.get("iat", 0) > current:
-        raise Unauthenticated("the token is not valid yet")
+    not_before = max(claims.get("nbf", 0), claims.get("iat", 0))
+    _check_times(claims["exp"], not_before, current)
     tenant, sub, role = claims["tenant"], claims["sub"], claims["role"]
     try:
         _check_claims(tenant, sub, role)
     except InvalidArgument as exc:
         raise Unauthenticated(f"the token is not valid: its {exc.message}") from None
-    return Claims(tenant=tenant, sub=sub, role=role, exp=claims["exp"])
+    return Claims(tenant=tenant, sub=sub, role=role, exp=claims["exp"]), not_before
+
+
+def _check_times(exp: int, not_before: int, current: float) -> None:
+    if exp <= current:
+        raise Unauthenticated("the token has expired")
+    if not_before > current:
+        raise Unauthenticated("the token is not valid yet")
+
+
+class TokenVerifier:
+    """verify_token under one secret, remembering the tokens it has verified: a service
+    sends the same token with every request, and checking its signature and claims again
+    is most of what an authenticated request costs the event loop besides aiohttp itself
+    (ADR-0024). A remembered token is still refused once expired (or before its nbf / iat,
+    should the clock step back): only the signature and claim checks, which cannot change
+    for the same string under the same secret, are skipped. Only valid tokens are kept, so
+    the cache holds nothing a caller without the secret can add; at most `max_tokens`, the
+    oldest dropped first."""
+
+    def __init__(self, secret: str, max_tokens: int = 4096, clock: Callable[[], float] = time.time) -> None:
+        self.secret = secret
+        self.max_tokens = max_tokens
+        self.clock = clock
+        self._verified: dict[str, tuple[Claims, int]] = {}
+
+    def __call__(self, token: str) -> Claims:
+        current = self.clock()
+        known = self._verified.get(token) if isinstance(token, str) else None
+        if known is not None:
+            claims, not_before = known
+            if claims.exp <= current:
+                self._verified.pop(token, None)
+            _check_times(claims.exp, not_before, current)
+            return claims
+        claims, not_before = _verify(self.secret, token, current)
+        if len(self._verified) >= self.max_tokens:
+            with suppress(StopIteration, KeyError, RuntimeError):  # emptied or changed meanwhile (another thread)
+                del self._verified[next(iter(self._verified))]
+        self._verified[token] = (claims, not_before)
+        return claims
 
 
 def _check_claims(tenant: Any, sub: Any, role: Any) -> None:
