@@ -65,6 +65,16 @@ def error_response(
     )
 
 
+def error_item(error: FanoutError) -> dict[str, Any]:
+    """One refused item of a batch: its status and the error body it would have had alone."""
+    item = {"status": STATUS.get(error.code, 500), **error_body(error.code, error.message, dict(error.details))}
+    try:
+        strict_json.dumps(item)
+    except ValueError:  # details that are not strict JSON: the error without them
+        item["details"] = {}
+    return item
+
+
 def domain_error_response(error: FanoutError) -> web.Response:
     headers: dict[str, str] = {}
     if error.code == "UNAUTHENTICATED":

@@ -93,8 +93,8 @@ def _error_statuses(spec: Any, method: str, params: list[dict[str, Any]]) -> lis
         statuses.add(404)
     if spec.body is not None:
         statuses.add(413)
-    if method in ("POST", "DELETE") and spec.roles is not None:
-        statuses.add(409)
+    if method in ("POST", "DELETE") and spec.roles is not None and spec.response is not schemas.BatchResult:
+        statuses.add(409)  # a batch answers each send's conflict in its results, never as the request's status
     if spec.response is schemas.SendResult:
         statuses.add(429)
     return sorted(statuses)

@@ -22,6 +22,7 @@ def setup_routes(app: web.Application) -> None:
     r.add_post("/v1/conversations/{cid}/members", views.add_members)
     r.add_delete("/v1/conversations/{cid}/members/{uid}", views.remove_member)
     r.add_post("/v1/conversations/{cid}/messages", views.send_message)
+    r.add_post("/v1/messages/batch", views.send_batch)
     r.add_get("/v1/conversations/{cid}/messages/{seq}/delivery", views.get_delivery, allow_head=False)
     # admin role
     r.add_post("/v1/admin/reviews", views.open_review)

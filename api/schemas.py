@@ -80,6 +80,22 @@ class SendMessage(Body):
     client_msg_id: Id | None = Field(None, description="makes a retry idempotent: same seq, no duplicate")
 
 
+MAX_BATCH = 100  # messages in one POST /v1/messages/batch (and the body stays within 1 MiB)
+
+
+class BatchedMessage(SendMessage):
+    conversation_id: Id
+
+
+class SendBatch(Body):
+    messages: list[BatchedMessage] = Field(
+        min_length=1,
+        max_length=MAX_BATCH,
+        description=f"1 to {MAX_BATCH} sends, each what POST /v1/conversations/{{cid}}/messages takes plus its "
+        "conversation_id; sent one after another, in this order, each on its own",
+    )
+
+
 # -- admin role ---------------------------------------------------------------
 
 
@@ -148,6 +164,27 @@ class SendResult(BaseModel):
     message_id: str
     write_policy: Literal["always", "mention_only"]
     position: int = Field(description="the log position of this write (also X-Fanout-Position): a read's min_position")
+
+
+class BatchSent(SendResult):
+    status: Literal[200, 201] = Field(
+        description="201 sent; 200 a retry of a client_msg_id already sent (no duplicate)"
+    )
+
+
+class BatchRefused(BaseModel):
+    status: int = Field(description="the HTTP status this send alone would have had (400, 403, 404, 409, 429, 503)")
+    error: str = Field(description="the wire code, e.g. NOT_A_MEMBER; as in an error body")
+    message: str
+    details: dict[str, Any]
+
+
+class BatchResult(BaseModel):
+    results: list[BatchSent | BatchRefused] = Field(description="one per message of the request, in its order")
+    position: int = Field(
+        description="the log position of the last accepted send (also X-Fanout-Position); with none accepted, "
+        "the current log position"
+    )
 
 
 # -- WebSocket frames -----------------------------------------------------------

@@ -4,6 +4,7 @@ domain errors and turned into HTTP in one place (`api/errors.py`)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -11,9 +12,9 @@ from aiohttp import web
 
 from api import schemas
 from api.endpoint import ADMIN, SERVICE, USER, endpoint
-from api.errors import json_response
+from api.errors import ADMISSION, error_item, json_response
 from api.keys import METRICS, RUNTIME, blocking
-from api.metrics import CONTENT_TYPE
+from api.metrics import CONTENT_TYPE, Metrics
 from api.reads import (
     MIN_POSITION_HEADER,
     POSITION_HEADER,
@@ -28,10 +29,14 @@ from api.reads import (
     review_list,
     scope,
 )
-from domain.errors import InvalidArgument
+from domain.errors import FanoutError, InvalidArgument
 from domain.params import SizeBucket
+from fanout.overload import storage_unavailable
+from fanout.runtime import Runtime
 from fanout.security import Claims
 from fanout.strict_json import INT64_MAX
+
+log = logging.getLogger("fanout.api")
 
 
 def seq_param(request: web.Request, name: str = "seq") -> int:
@@ -67,7 +72,8 @@ def min_position(request: web.Request, data: Any) -> int | None:
         value = -1
     if not 0 <= value <= INT64_MAX:
         raise InvalidArgument(
-            f"{MIN_POSITION_HEADER} must be a log position (an integer from 0 to {INT64_MAX})", field=MIN_POSITION_HEADER
+            f"{MIN_POSITION_HEADER} must be a log position (an integer from 0 to {INT64_MAX})",
+            field=MIN_POSITION_HEADER,
         )
     return value if query is None else max(value, query)
 
@@ -162,6 +168,68 @@ async def send_message(request: web.Request, who: Claims, data: schemas.SendMess
     request.app[METRICS].send_seconds.observe(time.perf_counter() - started)
     duplicate = bool(result.pop("duplicate", False))
     return written(result, status=200 if duplicate else 201)
+
+
+@endpoint(
+    "Send a batch of messages",
+    roles=SERVICE,
+    body=schemas.SendBatch,
+    response=schemas.BatchResult,
+    errors=(503,),
+    description=(
+        "For a service that publishes many messages: up to 100 sends (to any conversations of the tenant) in one "
+        "request, one hop to the command thread, one answer. Each message is a send of its own, exactly as "
+        "POST /v1/conversations/{cid}/messages would make it, in the order given: one refused (NOT_A_MEMBER, "
+        "RATE_LIMITED, ...) writes nothing and does not stop the others; client_msg_id makes each retry "
+        "idempotent. The answer is 200 with one result per message, in order: the send result with status 201 "
+        "(200: a retry of a client_msg_id already sent), or the error body with the status the send alone would "
+        "have had. A body that does not validate is 400 for the whole batch, and the backpressure of ADR-0010 "
+        "refuses the whole batch (503): nothing is written then."
+    ),
+)
+async def send_batch(request: web.Request, who: Claims, data: schemas.SendBatch) -> web.Response:
+    rt, metrics = request.app[RUNTIME], request.app[METRICS]
+    results, position = await blocking(request.app, send_each, rt, metrics, who.tenant, data.messages)
+    return json_response({"results": results, "position": position}, headers={POSITION_HEADER: str(position)})
+
+
+def send_each(
+    rt: Runtime, metrics: Metrics, tenant: str, messages: list[schemas.BatchedMessage]
+) -> tuple[list[dict[str, Any]], int]:
+    """The sends of a batch one after another (off the event loop); each refusal is its item."""
+    results: list[dict[str, Any]] = []
+    last: int | None = None
+    for i, m in enumerate(messages):
+        started = time.perf_counter()
+        try:
+            result = rt.app.send_message(
+                tenant,
+                m.conversation_id,
+                sender=m.sender,
+                text=m.text,
+                mentions=m.mentions,
+                mention_all=m.mention_all,
+                reply_to_seq=m.reply_to_seq,
+                announcement=m.announcement,
+                client_msg_id=m.client_msg_id,
+            )
+        except FanoutError as error:
+            if isinstance(error, ADMISSION):
+                metrics.rejected(error)
+            results.append(error_item(error))
+            continue
+        except Exception as exc:
+            refusal: FanoutError | None = storage_unavailable(exc)  # a full disk is UNAVAILABLE, as for one send
+            if refusal is None:
+                log.exception("unhandled error on message %d of a batch", i)
+                refusal = FanoutError("internal error")
+            results.append(error_item(refusal))
+            continue
+        metrics.send_seconds.observe(time.perf_counter() - started)
+        duplicate = bool(result.pop("duplicate", False))
+        results.append({"status": 200 if duplicate else 201, **result})
+        last = max(last or 0, int(result["position"]))
+    return results, rt.log_position() if last is None else last
 
 
 @endpoint("The conversation's head", roles=SERVICE, query=schemas.FreshQuery, errors=(503,))
@@ -329,7 +397,8 @@ async def my_history(request: web.Request, who: Claims, data: schemas.HistoryQue
     "REBUILD my state of a conversation",
     roles=USER,
     errors=(429,),
-    description="Returns once rebuilt, with the conversation's fresh sessions[] / big_group_heads[] items." + USER_COMMAND,
+    description="Returns once rebuilt, with the conversation's fresh sessions[] / big_group_heads[] items."
+    + USER_COMMAND,
 )
 async def my_rebuild(request: web.Request, who: Claims, data: None) -> web.Response:
     rt = request.app[RUNTIME]

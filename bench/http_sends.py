@@ -199,26 +199,44 @@ async def run_bench(args: argparse.Namespace, server: Server, watch: MemoryWatch
 
         server.mark()
         await asyncio.sleep(0.2)
-        latencies: list[float] = []
+        latencies: list[float] = []  # of each request
         refused: dict[str, int] = {}
+        accepted = [0]
         last = [0]
         next_i = [0]
+
+        def message(i: int) -> dict[str, Any]:
+            body: dict[str, Any] = {"sender": members[i % args.members], "text": f"message {i}"}
+            if args.client_msg_id:
+                body["client_msg_id"] = f"c{i}"
+            return body
+
+        def outcome(status: int, answer: Any) -> None:
+            if status == 201:
+                last[0] = max(last[0], int(answer["position"]))
+                accepted[0] += 1
+            else:
+                code = answer.get("error", str(status)) if isinstance(answer, dict) else str(status)
+                refused[code] = refused.get(code, 0) + 1
 
         async def client() -> None:
             while next_i[0] < args.messages:
                 i = next_i[0]
-                next_i[0] += 1
-                body: dict[str, Any] = {"sender": members[i % args.members], "text": f"message {i}"}
-                if args.client_msg_id:
-                    body["client_msg_id"] = f"c{i}"
+                take = min(args.batch, args.messages - i)
+                next_i[0] += take
                 t0 = time.perf_counter()
-                status, answer = await post(f"/v1/conversations/g{i % args.groups}/messages", body)
-                if status == 201:
-                    latencies.append(time.perf_counter() - t0)
-                    last[0] = max(last[0], int(answer["position"]))
+                if args.batch == 1:
+                    status, answer = await post(f"/v1/conversations/g{i % args.groups}/messages", message(i))
+                    outcome(status, answer)
                 else:
-                    code = answer.get("error", str(status)) if isinstance(answer, dict) else str(status)
-                    refused[code] = refused.get(code, 0) + 1
+                    items = [{"conversation_id": f"g{j % args.groups}", **message(j)} for j in range(i, i + take)]
+                    status, answer = await post("/v1/messages/batch", {"messages": items})
+                    if status != 200:
+                        outcome(status, answer)
+                        continue
+                    for result in answer["results"]:
+                        outcome(result["status"], result)
+                latencies.append(time.perf_counter() - t0)
 
         serve = psutil.Process(server.fleet.procs["serve"].pid)
         times0, switches0 = serve.cpu_times(), serve.num_ctx_switches()
@@ -233,17 +251,19 @@ async def run_bench(args: argparse.Namespace, server: Server, watch: MemoryWatch
         held = time.monotonic()
         cpu_held = watch.cpu()
 
-    n = len(latencies)
+    n = accepted[0]
     latencies.sort()
+    per = "send" if args.batch == 1 else f"request of {args.batch} sends"
     print(
         f"{server.runtime} runtime over HTTP: {args.groups} groups of {args.members}, {n} sends accepted by "
-        f"{args.clients} concurrent keep-alive clients{' (with client_msg_id)' if args.client_msg_id else ''}; "
+        f"{args.clients} concurrent keep-alive clients{' (with client_msg_id)' if args.client_msg_id else ''}"
+        f"{f', POST /v1/messages/batch of {args.batch}' if args.batch > 1 else ''}; "
         f"refused: {refused or 'none'}"
     )
     if n:
         print(
             f"  sends         {n / (end - start):,.0f} accepted/s (p50 {1000 * statistics.median(latencies):.1f} ms, "
-            f"p99 {1000 * latencies[int(0.99 * (n - 1))]:.1f} ms per send, as the client sees it)"
+            f"p99 {1000 * latencies[int(0.99 * (len(latencies) - 1))]:.1f} ms per {per}, as the client sees it)"
         )
         print(
             f"  end to end    views hold the last send {held - end:.2f} s after it was accepted: "
@@ -293,6 +313,7 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=3000)
     ap.add_argument("--clients", type=int, default=16, help="concurrent keep-alive connections")
     ap.add_argument("--client-msg-id", action="store_true", help="every send carries a client_msg_id")
+    ap.add_argument("--batch", type=int, default=1, help="sends per request: >1 posts them to /v1/messages/batch")
     ap.add_argument("--workers", type=int, default=1, help="distributed: `fanout worker` processes")
     ap.add_argument("--partitions", type=int, default=4, help="distributed: partitions of the bench's topic")
     ap.add_argument("--profile", metavar="DIR", help="embedded: the server under cProfile while the sends run")

@@ -30,7 +30,7 @@ MARKED = re.compile(r"^<!-- (frame|http): ([A-Za-z_ /{}.]+?) -->\n+```json\n(.*?
 CLIENT_FRAMES: dict[str, type[BaseModel]] = {"AUTH": schemas.AuthFrame, "MARK_READ": schemas.MarkReadFrame,
                  "PULL_HISTORY": schemas.PullHistoryFrame, "REBUILD": schemas.RebuildFrame}  # fmt: skip
 SERVER_FRAMES = ("AUTH_OK", "SESSION_LIST_BATCH", "MESSAGE", "HEAD", "READ_OK", "HISTORY", "REBUILD_OK", "ERROR")
-HTTP_BODIES = ("send", "head", "delivery", "sessions", "mailbox", "error")
+HTTP_BODIES = ("send", "send batch", "head", "delivery", "sessions", "mailbox", "error")
 
 TENANT = "acme"
 BIG, SMALL = "town-square", "team-a"  # the ids the doc's client frames use
@@ -96,6 +96,12 @@ async def scripted_session(api: Api, doc: dict[str, Any]) -> dict[str, Any]:
         201,
     )
     await small.materialized(SMALL, 1)
+    batch = [
+        {"conversation_id": SMALL, "sender": "bob", "text": "on my way"},
+        {"conversation_id": SMALL, "sender": "mallory", "text": "not a member"},
+    ]
+    real["http send batch"] = expect(await small.call("POST", "/v1/messages/batch", {"messages": batch}), 200)
+    await small.materialized(SMALL, 2)
     # Enable the small tier: town-square (N=10, alpha=0.1: saving 9 > 5) switches to
     # mention_only; team-a (N=3: saving <= 3) stays in always.
     admin = api.admin(TENANT)
