@@ -5,11 +5,21 @@ cache without deep copies, and any failure evicts what it touched, so a half-app
 command can never leak into the next one.
 
 One writer per event store (the embedded runtime) trusts its cache. Several writers on
-one store (`shared_store=True`: API replicas on PostgreSQL) fast-forward a cached
-aggregate from the store on every load, remember no absent tier, and retry a command
-whose save lost an optimistic-concurrency race (another replica appended to the same
-stream first): the command runs again on the fresh aggregate, so the admission gates
-it checks stay exact across replicas.
+one store (`shared_store=True`: API replicas on PostgreSQL) retry a command whose save
+lost an optimistic-concurrency race (another replica appended to the same stream first):
+the command runs again on the fresh aggregate, so the admission gates it checks stay
+exact across replicas. What they read (ADR-0023):
+
+* an aggregate the command is about to save is taken from the cache as it is, with no
+  fast-forward query: if another replica appended to it meanwhile, the save of the
+  decision made on it is refused by the (originator_id, version) key and the command is
+  retried on the fresh aggregate. A decision that saves nothing (a refusal, a no-op, a
+  duplicate) has no such check, so a command that ends without saving every aggregate it
+  took unchecked is decided again on fresh ones (`StaleDecision`);
+* an aggregate read for validation only (the conversation a MARK_READ checks, a tier, a
+  review's existence...) is fast-forwarded from the store on every load, as before;
+* an absent tier is remembered for at most `NO_TIER_TTL` seconds, and only trusted for a
+  conversation in `always` (see `_evaluate`).
 
 MARK_READ appends to the member's own MemberReadState stream, not to the conversation's
 (ADR-0018). The activity a read is (alpha, who is materialized in mention_only) is
@@ -52,6 +62,8 @@ A = TypeVar("A", bound=Aggregate)
 F = TypeVar("F", bound=Callable[..., Any])
 
 CONFLICT_RETRIES = 10  # a command that lost this many races in a row is refused (503)
+# How long a replica on a shared store trusts that a scope has no tier (ADR-0023).
+NO_TIER_TTL = 1.0
 # Pending activity refreshes of MARK_READ are appended at most this often per conversation
 # (ADR-0018): a crash loses at most this much of them (the read seqs are durable).
 ACTIVITY_FLUSH_INTERVAL = 0.2
@@ -59,19 +71,43 @@ ACTIVITY_FLUSH_INTERVAL = 0.2
 log = logging.getLogger(__name__)
 
 
+class StaleDecision(Exception):  # noqa: N818 (control flow inside the application, never raised out of it)
+    """A command ended without saving an aggregate it took from the cache unchecked (no
+    fast-forward): its outcome (a refusal, a no-op, a duplicate's answer) may rest on a
+    stale copy, and no version check will catch it. `retried` runs it again on fresh
+    aggregates; `error` is what it raised (None when it returned)."""
+
+    def __init__(self, error: BaseException | None) -> None:
+        super().__init__("decided on an unchecked cached aggregate; deciding again on fresh ones")
+        self.error = error
+
+
 def retried(method: F) -> F:
     """Run a command again when its save lost an optimistic-concurrency race. `_unit`
     has evicted what the attempt touched, so the next attempt loads the aggregates as
-    the winner left them and decides again (a gate that now refuses, refuses)."""
+    the winner left them and decides again (a gate that now refuses, refuses). A
+    `StaleDecision` runs it again too, every load fast-forwarded this time."""
 
     @functools.wraps(method)
     def run(self: FanoutApplication, *args: Any, **kwargs: Any) -> Any:
-        for attempt in range(CONFLICT_RETRIES):
-            try:
-                return method(self, *args, **kwargs)
-            except RecordConflictError:
-                self.conflicts += 1
-                time.sleep(random.uniform(0, 0.002 * (attempt + 1)))  # noqa: S311 (jitter, not crypto)
+        local = self._local
+        outer = getattr(local, "fresh", False)
+        try:
+            for attempt in range(CONFLICT_RETRIES):
+                try:
+                    return method(self, *args, **kwargs)
+                except RecordConflictError:
+                    self.conflicts += 1
+                    time.sleep(random.uniform(0, 0.002 * (attempt + 1)))  # noqa: S311 (jitter, not crypto)
+                except StaleDecision:
+                    self.stale_decisions += 1
+                    local.fresh = True
+                    try:
+                        return method(self, *args, **kwargs)
+                    except RecordConflictError:
+                        self.conflicts += 1  # and the loop goes on, fresh
+        finally:
+            local.fresh = outer
         raise Unavailable(
             f"not written: {CONFLICT_RETRIES} concurrent writers won the race for the same conversation; retry",
             reason="write_conflict",
@@ -94,6 +130,8 @@ class Unit(list[Aggregate]):
         super().__init__()
         # (conversation key, pending activity applied): cleared from the pending map once saved
         self.activity: list[tuple[tuple[str, str], dict[str, float], bool]] = []
+        # aggregates taken from the cache without a fast-forward (shared store only)
+        self.unchecked: list[Aggregate] = []
 
     def touch(self, aggregate: Aggregate) -> None:
         """Add an aggregate to save, once (by identity)."""
@@ -142,7 +180,11 @@ class FanoutApplication(Application[UUID]):
         # called in the writer's lock after each save with (position, mailbox entries) per event
         self.recorded_listeners: list[Callable[[list[tuple[int, int]]], None]] = []
         self._loaded: list[Aggregate] = []
-        self._no_tier: set[tuple[str, str]] = set()
+        self._unit_now: Unit | None = None
+        self._local = threading.local()  # .fresh: this thread's command re-decides on fresh aggregates
+        self.stale_decisions = 0  # commands decided again because an unchecked aggregate was not saved
+        # (tenant, size bucket) -> until when (monotonic) it is known to have no tier
+        self._no_tier: dict[tuple[str, str], float] = {}
         # ADR-0018. 0 records a stale member's activity in the read's own unit (one
         # conversation append per such read); legacy_read_marks writes Conversation.ReadMarked
         # per read as before ADR-0018 (kept for bench/mark_read_scale.py only).
@@ -165,24 +207,47 @@ class FanoutApplication(Application[UUID]):
 
     # -- plumbing ------------------------------------------------------------
 
-    def _find(self, cls: type[A], aggregate_id: UUID, tenant: str, what: str, **details: Any) -> A | None:
+    def _find(
+        self, cls: type[A], aggregate_id: UUID, tenant: str, what: str, *, saves: bool = False, **details: Any
+    ) -> A | None:
         """The caller's aggregate of this id, or None when there is none. An aggregate of
         another kind or of another tenant under this id is NotFound: never acted on
-        (ADR-0008; the derivation makes this unreachable, the check makes it certain)."""
+        (ADR-0008; the derivation makes this unreachable, the check makes it certain).
+
+        `saves`: the command is about to save this aggregate. On a shared store a cached
+        copy is then taken as it is, without the fast-forward query (ADR-0023): a stale
+        copy's save is refused by the version key; what the command decides without
+        saving it is decided again (`StaleDecision`, raised by `_unit`)."""
         check_tenant(tenant)
-        try:
-            found: Aggregate = self.repository.get(aggregate_id)
-        except AggregateNotFoundError:
-            return None
+        found: Aggregate | None = None
+        unit = self._unit_now
+        if saves and self.shared_store and unit is not None and not getattr(self._local, "fresh", False):
+            cache = self.repository.cache
+            if cache is not None:
+                with suppress(KeyError):
+                    cached: Any = cache.get(aggregate_id)
+                    if isinstance(cached, Aggregate):
+                        found = cached
+                        unit.unchecked.append(cached)
+        if found is None:
+            try:
+                found = self.repository.get(aggregate_id)
+            except AggregateNotFoundError:
+                return None
         if not isinstance(found, cls) or getattr(found, "tenant", None) != tenant:
             raise NotFound(f"{what} not found", **details)
         self._loaded.append(found)
         return found
 
-    def _conversation(self, tenant: str, conversation_id: str) -> Conversation:
+    def _conversation(self, tenant: str, conversation_id: str, *, saves: bool = False) -> Conversation:
         what = f"conversation {conversation_id}"
         conv = self._find(
-            Conversation, Conversation.create_id(tenant, conversation_id), tenant, what, conversation_id=conversation_id
+            Conversation,
+            Conversation.create_id(tenant, conversation_id),
+            tenant,
+            what,
+            saves=saves,
+            conversation_id=conversation_id,
         )
         if conv is None or conv.conversation_id != conversation_id:
             raise NotFound(f"{what} not found", conversation_id=conversation_id)
@@ -195,8 +260,16 @@ class FanoutApplication(Application[UUID]):
         touched = Unit()
         with self.lock:
             self._loaded = []
+            self._unit_now = touched
             try:
-                yield touched
+                try:
+                    yield touched
+                except FanoutError as refused:  # decided on an unchecked copy: decide again, fresh
+                    if touched.unchecked:
+                        raise StaleDecision(refused) from refused
+                    raise
+                if any(not any(a is t for t in touched) for a in touched.unchecked):
+                    raise StaleDecision(None)
                 if touched:
                     recordings = self.save(*touched)
                     if recordings:
@@ -208,10 +281,12 @@ class FanoutApplication(Application[UUID]):
                 for a in [*touched, *self._loaded]:
                     if a in touched or getattr(a, "_pending_events", None):
                         self._evict(a.id)
-                unavailable = None if isinstance(exc, FanoutError) else storage_unavailable(exc)
+                unavailable = None if isinstance(exc, FanoutError | StaleDecision) else storage_unavailable(exc)
                 if unavailable is not None:  # a full disk: 503 UNAVAILABLE, nothing written
                     raise unavailable from exc
                 raise
+            finally:
+                self._unit_now = None
         if touched:
             for listener in self.saved_listeners:
                 listener()
@@ -328,27 +403,40 @@ class FanoutApplication(Application[UUID]):
         finally:
             super().close()
 
-    def _tier(self, tenant: str, size_bucket: str) -> Tier | None:
-        # Most scopes never get a tier: remember that, instead of a store query per send.
-        if (tenant, size_bucket) in self._no_tier:
+    def _tier(self, tenant: str, size_bucket: str, *, absent_may_be_stale: bool = False) -> Tier | None:
+        """The scope's tier, or None. Most scopes never get a tier: that is remembered
+        instead of a store query per send. One writer (the embedded runtime) remembers
+        it for good (only it can create one). On a shared store another replica may
+        create it: the absence is remembered for NO_TIER_TTL seconds and trusted only
+        when the caller says a stale absence is harmless (`absent_may_be_stale`)."""
+        key = (tenant, size_bucket)
+        until = self._no_tier.get(key)
+        if until is not None and (not self.shared_store or (absent_may_be_stale and time.monotonic() < until)):
             return None
         tier = self._find(
             Tier, Tier.create_id(tenant, size_bucket), tenant, f"tier {size_bucket}", size_bucket=size_bucket
         )
         if tier is not None and tier.size_bucket != size_bucket:
             raise NotFound(f"tier {size_bucket} not found", size_bucket=size_bucket)
-        if tier is None and not self.shared_store:  # another replica may create it
-            self._no_tier.add((tenant, size_bucket))
+        if tier is None:
+            self._no_tier[key] = time.monotonic() + NO_TIER_TTL if self.shared_store else float("inf")
+        else:
+            self._no_tier.pop(key, None)
         return tier
 
     def _quota(self, tenant: str) -> TenantQuota:
-        q = self._find(TenantQuota, TenantQuota.create_id(tenant), tenant, "tenant quota")
+        q = self._find(TenantQuota, TenantQuota.create_id(tenant), tenant, "tenant quota", saves=True)
         return q if q is not None else TenantQuota(tenant=tenant)
 
     def _evaluate(self, conv: Conversation, now: float, touched: list[Aggregate]) -> None:
         """Run the write-policy state machine and keep the tier's roster in step."""
         scope = conv.policy_scope or conv.size_bucket(self.params).value
-        tier = self._tier(conv.tenant, scope)
+        # A stale "no tier" is harmless only for a conversation in always: it then stays in
+        # always (evaluate_write_policy decides nothing without an enabled tier), i.e. every
+        # member still gets an entry, and the replica that enabled the tier evaluates the
+        # scope's conversations itself. For one in mention_only a missing tier would mean a
+        # rollback (a switch to always, the tier's roster not updated): look it up.
+        tier = self._tier(conv.tenant, scope, absent_may_be_stale=conv.policy is WritePolicy.ALWAYS)
         terms = tier.terms() if tier is not None else DISABLED
         switch = conv.evaluate_write_policy(terms, now, self.params)
         if switch is None or tier is None:
@@ -391,7 +479,7 @@ class FanoutApplication(Application[UUID]):
     def add_members(self, tenant: str, conversation_id: str, user_ids: Sequence[str]) -> dict[str, Any]:
         self._check_bulk(user_ids)
         with self._unit() as touched:
-            conv = self._conversation(tenant, conversation_id)
+            conv = self._conversation(tenant, conversation_id, saves=True)
             self._apply_activity(conv, touched)
             now = self.clock()
             added = conv.join(user_ids, now, self.params)
@@ -404,7 +492,7 @@ class FanoutApplication(Application[UUID]):
     @retried
     def remove_member(self, tenant: str, conversation_id: str, user_id: str) -> dict[str, Any]:
         with self._unit() as touched:
-            conv = self._conversation(tenant, conversation_id)
+            conv = self._conversation(tenant, conversation_id, saves=True)
             self._apply_activity(conv, touched)
             now = self.clock()
             conv.leave(user_id, now)
@@ -433,7 +521,7 @@ class FanoutApplication(Application[UUID]):
             # is left to Conversation.send, which refuses it with INVALID_ARGUMENT.
             reply_to_user = self.message_sender(tenant, conversation_id, reply_to_seq)
         with self._unit() as touched:
-            conv = self._conversation(tenant, conversation_id)
+            conv = self._conversation(tenant, conversation_id, saves=True)
             previous = conv.previous_send(client_msg_id)
             if previous is not None:
                 seq, message_id, policy = previous
@@ -493,7 +581,11 @@ class FanoutApplication(Application[UUID]):
                 touched.append(conv)
             else:
                 mark = self._find(
-                    MemberReadState, MemberReadState.create_id(tenant, conversation_id, user_id), tenant, "read state"
+                    MemberReadState,
+                    MemberReadState.create_id(tenant, conversation_id, user_id),
+                    tenant,
+                    "read state",
+                    saves=True,
                 )
                 if mark is None:
                     mark = MemberReadState(
@@ -517,7 +609,7 @@ class FanoutApplication(Application[UUID]):
     @retried
     def request_rebuild(self, tenant: str, conversation_id: str, user_id: str) -> dict[str, Any]:
         with self._unit() as touched:
-            conv = self._conversation(tenant, conversation_id)
+            conv = self._conversation(tenant, conversation_id, saves=True)
             now = self.clock()
             if user_id in conv.members:  # a non-member gets NOT_A_MEMBER below, uncharged
                 self.user_gate.admit(tenant, user_id, now)
@@ -605,12 +697,12 @@ class FanoutApplication(Application[UUID]):
         with self.lock:
             return self._review(tenant, review_id)
 
-    def _review(self, tenant: str, review_id: str) -> Review:
+    def _review(self, tenant: str, review_id: str, *, saves: bool = False) -> Review:
         try:
             rid = UUID(review_id)
         except (ValueError, TypeError, AttributeError):
             raise NotFound(f"review {review_id} not found", review_id=review_id) from None
-        review = self._find(Review, rid, tenant, f"review {review_id}", review_id=review_id)
+        review = self._find(Review, rid, tenant, f"review {review_id}", saves=saves, review_id=review_id)
         if review is None:
             raise NotFound(f"review {review_id} not found", review_id=review_id)
         return review
@@ -627,7 +719,7 @@ class FanoutApplication(Application[UUID]):
         note: str = "",
     ) -> dict[str, Any]:
         with self._unit() as touched:
-            review = self._review(tenant, review_id)
+            review = self._review(tenant, review_id, saves=True)
             now = self.clock()
             review.decide(
                 decision,
@@ -640,7 +732,7 @@ class FanoutApplication(Application[UUID]):
             touched.append(review)
             if decision == "enable_mention_only":
                 tier = self._tier(tenant, review.size_bucket) or Tier(tenant=tenant, size_bucket=review.size_bucket)
-                self._no_tier.discard((tenant, review.size_bucket))
+                self._no_tier.pop((tenant, review.size_bucket), None)
                 tier.enable(review, now)
                 touched.append(tier)
             result = review_dict(review)

@@ -14,6 +14,7 @@ import pytest
 
 from domain.errors import FanoutError, RateLimited
 from domain.params import Parameters
+from domain.quota import TenantQuota
 from fanout.application import FanoutApplication
 from fanout.clock import FakeClock
 from fanout.urls import postgres_env
@@ -127,6 +128,10 @@ def test_members_reading_through_three_replicas_do_not_touch_the_conversation_st
     assert all(members[u] > 0.0 for u in readers)  # every reader is active (alpha, mention_only)
     # 2. Activity is fresh now: 120 reads through three replicas race 29 sends on one.
     clock.advance(5)
+    # Replica 0's cached conversation is behind the MembersActive the others appended: a send
+    # saves it without reading it back (ADR-0023), so that would cost one lost race here. A
+    # read fast-forwards it, so the count below is about the reads and the sends only.
+    apps[0].conversation(T, "g")
     conflicts = sum(app.conflicts for app in apps)
     version = conversation_version(apps[0], "g")
 
@@ -159,3 +164,117 @@ def test_members_reading_through_three_replicas_do_not_touch_the_conversation_st
     for u in readers[:5]:
         stream = list(apps[2].recorder.select_events(MemberReadState.create_id(T, "g", u)))
         assert len(stream) == 2  # Created (read 1), ReadMarked (read seq)
+
+
+# -- no fast-forward read of what a command saves (ADR-0023) ------------------------------------
+
+
+def sent_seqs(app: FanoutApplication, cid: str) -> list[int]:
+    """The conversation_seq of every MessageSent in the store, in stream order."""
+    from domain.conversation import Conversation
+
+    out = []
+    for stored in app.recorder.select_events(Conversation.create_id(T, cid)):
+        event = app.mapper.to_domain_event(stored)
+        if isinstance(event, Conversation.MessageSent):
+            out.append(event.seq)
+    return out
+
+
+def test_two_replicas_alternating_sends_to_one_conversation_lose_and_duplicate_nothing(
+    replicas: tuple[FakeClock, list[FanoutApplication]],
+) -> None:
+    """Each replica takes the conversation and the quota it saves from its cache without a
+    fast-forward query, so after the other replica's send its copy is stale: the save of
+    the decision made on it is refused by the version key, the command is retried on the
+    fresh aggregates. Every seq exactly once, in order; the stale replica recovers."""
+    clock, apps = replicas
+    a, b = apps[0], apps[1]
+    a.create_conversation(T, "g", "g", ["u0", "u1", "u2"])
+    results = []
+    for i in range(40):
+        clock.advance(3.1)
+        results.append((a if i % 2 == 0 else b).send_message(T, "g", sender=f"u{i % 3}", text=f"m{i}"))
+    assert [r["conversation_seq"] for r in results] == list(range(1, 41))
+    assert sent_seqs(a, "g") == list(range(1, 41))
+    assert a.conflicts >= 15 and b.conflicts >= 15, (a.conflicts, b.conflicts)  # stale every time, recovered
+    quota = apps[2].repository.get(TenantQuota.create_id(T))
+    assert quota.charged_total == 40 * 3  # charged once per send, none lost to a stale copy
+
+    # A refusal decided on a stale copy is decided again on a fresh one: b learns that u3
+    # joined (through a) before it refuses u3's send, and that u2 left before it admits u2's.
+    clock.advance(3.1)
+    b.send_message(T, "g", sender="u0", text="b caches g")
+    a.add_members(T, "g", ["u3"])
+    a.remove_member(T, "g", "u2")
+    clock.advance(3.1)
+    stale = b.stale_decisions
+    assert b.send_message(T, "g", sender="u3", text="joined elsewhere")["conversation_seq"] == 42
+    assert b.stale_decisions == stale + 1
+    clock.advance(3.1)
+    with pytest.raises(FanoutError) as refused:
+        b.send_message(T, "g", sender="u2", text="left elsewhere")
+    assert refused.value.code == "NOT_A_MEMBER"
+    assert sent_seqs(apps[2], "g") == list(range(1, 43))
+
+
+def test_a_replica_sending_to_its_own_conversations_reads_nothing_back(
+    replicas: tuple[FakeClock, list[FanoutApplication]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once cached, a send loads its conversation and the tenant quota with no query (they
+    are saved), and the absent tier of the scope is remembered (NO_TIER_TTL): no read of
+    the event store per send, only the save."""
+    import fanout.application as application
+
+    monkeypatch.setattr(application, "NO_TIER_TTL", 60.0)  # this test must not depend on the machine's speed
+    clock, apps = replicas
+    app = apps[0]
+    for g in range(3):
+        app.create_conversation(T, f"g{g}", "", ["u0", "u1"])
+    clock.advance(3.1)
+    for g in range(3):  # the first sends load the quota and look the tier up
+        app.send_message(T, f"g{g}", sender="u0", text="warm")
+    reads = 0
+    store_get = app.repository.event_store.get
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        return store_get(*args, **kwargs)
+
+    monkeypatch.setattr(app.repository.event_store, "get", counted)
+    for i in range(30):
+        clock.advance(3.1)
+        app.send_message(T, f"g{i % 3}", sender=f"u{i % 2}", text="hi")
+    assert reads == 0
+    assert app.conflicts == 0 and app.stale_decisions == 0
+    # a read for validation only is still fast-forwarded: a MARK_READ sees the other replica's send
+    apps[1].send_message(T, "g0", sender="u1", text="through another replica")
+    seq = apps[1].conversation(T, "g0").seq
+    assert app.mark_read(T, "g0", "u1", seq)["read_seq"] == seq
+    assert reads > 0
+
+
+def test_a_stale_absent_tier_never_takes_a_conversation_out_of_mention_only(
+    replicas: tuple[FakeClock, list[FanoutApplication]],
+) -> None:
+    """Replica b remembers that the small scope has no tier; replica a enables one and its
+    conversations enter mention_only. Within NO_TIER_TTL, b sends to such a conversation:
+    it must look the tier up (a missing tier would read as a rollback), so the
+    conversation stays in mention_only and the tier keeps it on its roster."""
+    clock, apps = replicas
+    a, b = apps[0], apps[1]
+    members = [f"u{i}" for i in range(200)]
+    a.create_conversation(T, "big", "", members)
+    clock.advance(3.1)
+    b.send_message(T, "big", sender="u0", text="b remembers: no small tier")
+    assert b._no_tier  # remembered
+    review = a.open_review(T, "small", "manual", {}, "ops")["review_id"]
+    a.decide_review(T, review, "enable_mention_only", "ops", 1.0, 0.9)
+    clock.advance(3.1)
+    assert a.send_message(T, "big", sender="u2", text="a evaluates it")["write_policy"] == "mention_only"
+    clock.advance(3.1)
+    r = b.send_message(T, "big", sender="u1", text="through b")
+    assert r["write_policy"] == "mention_only"
+    tiers = {t["size_bucket"]: t for t in b.tiers(T)}
+    assert tiers["small"]["state"] == "enabled" and tiers["small"]["conversations"] == ["big"]
