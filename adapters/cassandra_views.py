@@ -603,9 +603,8 @@ class CassandraViews:
            member rows of a conversation too large for one batch go first, in chunks;
         C. tracking, last: each position stamped with itself, so it never goes back."""
         ps, ts = self._w, w.stamp()
-        at = now if now is not None else time.time()  # materialized_at: with the head, after every entry
         w.step("mailbox")
-        members, conversations = self._rows(w, ts, at)
+        members, conversations = self._rows(w, ts)
         rows_a: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
         for tenant, refs in w.mailbox:
             rows_a.extend(self._mailbox_rows(tenant, refs))
@@ -622,6 +621,8 @@ class CassandraViews:
         for name, body in w.capacity.items():
             rows_a.append((ps["capacity"], (name, json.dumps(body), ts)))
         run(self.session, _batches(rows_a, MEMBER_BATCH_ROWS))
+        # delivery records, materialized_at once every entry is written (as SQLite and memory stamp it)
+        self._add_deliveries(w, ts, now if now is not None else time.time(), conversations)
         # B. a conversation's rows that do not fit in one batch with its head, then the heads
         early, final = _conversation_batches(conversations.values())
         w.step("rows")
@@ -646,7 +647,7 @@ class CassandraViews:
         return ()
 
     def _rows(
-        self, w: CassandraWriter, ts: int, at: float
+        self, w: CassandraWriter, ts: int
     ) -> tuple[list[tuple[PreparedStatement, tuple[Any, ...]]], dict[tuple[str, str], _Conversation]]:
         """The member-keyed state rows (round A), and each conversation's rows (round B)."""
         ps = self._w
@@ -697,8 +698,18 @@ class CassandraViews:
             )
             if m["mention_all"] or m["announcement"]:
                 x.rows.append((ps["broadcast"], (tenant, cid, seq, ts), ROW_BYTES))
+        for (t, c), h in w.heads.items():
+            values = (t, c, *(_head_value(h, k) for k in HEAD_COLUMNS), ts)
+            text = f"{h.get('title') or ''}{h.get('preview') or ''}"
+            conv(t, c).head = (ps["head"], values, ROW_BYTES + len(text.encode()))
+        return members, convs
+
+    def _add_deliveries(
+        self, w: CassandraWriter, ts: int, at: float, convs: dict[tuple[str, str], _Conversation]
+    ) -> None:
+        ps = self._w
         for (t, c, q), r in w.deliveries.items():
-            conv(t, c).rows.append(
+            convs.setdefault((t, c), _Conversation()).rows.append(
                 (
                     ps["delivery"],
                     (
@@ -718,11 +729,6 @@ class CassandraViews:
                     ROW_BYTES,
                 )
             )
-        for (t, c), h in w.heads.items():
-            values = (t, c, *(_head_value(h, k) for k in HEAD_COLUMNS), ts)
-            text = f"{h.get('title') or ''}{h.get('preview') or ''}"
-            conv(t, c).head = (ps["head"], values, ROW_BYTES + len(text.encode()))
-        return members, convs
 
     def _stamp(self) -> int:
         """Increasing write stamps in microseconds: reviews list in the order written."""

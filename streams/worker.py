@@ -105,12 +105,14 @@ class HostStats:
 
 
 # Events that reshape a conversation's member states (who is a member, who is active, who
-# is skipped):
-# each is applied in a unit of work of its own. Cassandra writes a unit's states before its
-# head, so after a crash between the two a replay reloads the states as the unit left
-# them: a send replayed with a later join's states would reach the joiner. With a
-# reshaping event alone in its unit, the sends replayed with any reloaded states are only
-# those of units where the member set did not change (ADR-0014).
+# is skipped): each is the only event of ITS conversation in a unit of work (other
+# conversations' events may share the unit). Cassandra writes a conversation's rows and its
+# head in one batch, one mutation, but the states of a large reshaping (a 100k-member join)
+# go ahead of it in chunks, so after a crash between the two a replay reloads the states as
+# the unit left them: a send replayed with a later join's states would reach the joiner.
+# With a reshaping event alone among its conversation's events, the sends replayed with any
+# reloaded states are only those of units where the member set did not change (ADR-0014,
+# ADR-0025).
 ALONE = frozenset(
     topics_of(
         Conversation.Created,
@@ -307,7 +309,8 @@ class PartitionHost:
         effects: list[Effect] = []
         count = applied = skipped = 0
         top = 0
-        alone = False
+        touched: set[Any] = set()  # the conversations (aggregates) with an event in this unit
+        reshaped: set[Any] = set()  # those whose event in this unit reshapes their member states
         labels: set[str] = set()  # the kinds of events in the unit (failpoints)
         try:
             with self.views.unit_of_work() as w:
@@ -323,19 +326,21 @@ class PartitionHost:
                         continue
                     if r.topic not in wanted:
                         continue  # an event no projection folds (a quota charge): tracked only
+                    aggregate = r.originator_id
+                    if aggregate in reshaped or (r.topic in ALONE and aggregate in touched):
+                        count -= 1  # end the unit before it: see ALONE
+                        top = max((x.position for x in records[:count]), default=0)
+                        break
+                    touched.add(aggregate)
                     if r.topic in ALONE:
-                        if applied:  # end the unit before it: it gets a unit of its own
-                            count -= 1
-                            top = max((x.position for x in records[:count]), default=0)
-                            break
-                        alone = True
+                        reshaped.add(aggregate)
                     event = self.to_domain_event(r)
                     labels.add(type(event).__name__)
                     for p in routes.get(type(event), ()):
                         if r.position > tracked[p.name]:
                             effects.extend(p.process(event, r.position, w))
                     applied += 1
-                    if alone or w.mailbox_entries >= self.max_entries_per_commit:
+                    if w.mailbox_entries >= self.max_entries_per_commit:
                         break
                 last = {p.name: max(tracked[p.name], top) for p in projections}
                 for p in projections:
