@@ -15,9 +15,10 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from api.commands import CommandLane
 from api.endpoint import ADMIN, spec_of
 from api.errors import error_middleware
-from api.keys import EXECUTOR, MAX_BODY_BYTES, MAX_CONNECTIONS, METRICS, RUNTIME, SECRET, SOCKETS, TOKENS
+from api.keys import COMMANDS, EXECUTOR, MAX_BODY_BYTES, MAX_CONNECTIONS, METRICS, RUNTIME, SECRET, SOCKETS, TOKENS
 from api.metrics import Metrics
 from api.routes import setup_routes
 from api.ws import close_sockets
@@ -35,9 +36,12 @@ EXECUTOR_THREADS = 8
 
 
 async def executor_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The threads that run blocking (SQLite) commands and reads off the event loop."""
+    """The threads that run blocking (SQLite) commands and reads off the event loop, and
+    the sends' own thread (api/commands.py)."""
     app[EXECUTOR] = ThreadPoolExecutor(max_workers=EXECUTOR_THREADS, thread_name_prefix="fanout-api")
+    app[COMMANDS] = CommandLane(asyncio.get_running_loop())
     yield
+    app[COMMANDS].close()
     app[EXECUTOR].shutdown(wait=True, cancel_futures=True)
 
 

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from api.commands import CommandLane
 from api.metrics import Metrics
 from fanout.runtime import Runtime
 from fanout.security import TokenVerifier
@@ -24,6 +25,7 @@ SECRET = web.AppKey("secret", str)
 TOKENS = web.AppKey("tokens", TokenVerifier)  # verify_token under SECRET, verified tokens remembered
 METRICS = web.AppKey("metrics", Metrics)
 EXECUTOR = web.AppKey("executor", ThreadPoolExecutor)
+COMMANDS = web.AppKey("commands", CommandLane)  # the sends' thread (ADR-0024)
 SOCKETS = web.AppKey("sockets", weakref.WeakSet[web.WebSocketResponse])
 MAX_CONNECTIONS = web.AppKey("max_connections", int)  # open WebSockets (ADR-0010)
 
@@ -32,3 +34,8 @@ async def blocking(app: web.Application, fn: Callable[..., T], *args: Any, **kwa
     """Commands and view reads touch SQLite: run them off the event loop."""
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(app[EXECUTOR], partial(fn, *args, **kwargs))
+
+
+async def command(app: web.Application, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """A send: on the command lane, off the event loop (api/commands.py)."""
+    return await app[COMMANDS].call(fn, *args, **kwargs)

@@ -13,7 +13,7 @@ from aiohttp import web
 from api import schemas
 from api.endpoint import ADMIN, SERVICE, USER, endpoint
 from api.errors import ADMISSION, error_item, json_response
-from api.keys import METRICS, RUNTIME, blocking
+from api.keys import METRICS, RUNTIME, blocking, command
 from api.metrics import CONTENT_TYPE, Metrics
 from api.reads import (
     MIN_POSITION_HEADER,
@@ -152,7 +152,7 @@ async def send_message(request: web.Request, who: Claims, data: schemas.SendMess
     rt = request.app[RUNTIME]
     cid = request.match_info["cid"]
     started = time.perf_counter()
-    result = await blocking(
+    result = await command(
         request.app,
         rt.app.send_message,
         who.tenant,
@@ -189,7 +189,7 @@ async def send_message(request: web.Request, who: Claims, data: schemas.SendMess
 )
 async def send_batch(request: web.Request, who: Claims, data: schemas.SendBatch) -> web.Response:
     rt, metrics = request.app[RUNTIME], request.app[METRICS]
-    results, position = await blocking(request.app, send_each, rt, metrics, who.tenant, data.messages)
+    results, position = await command(request.app, send_each, rt, metrics, who.tenant, data.messages)
     return json_response({"results": results, "position": position}, headers={POSITION_HEADER: str(position)})
 
 

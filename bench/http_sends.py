@@ -39,6 +39,7 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -66,6 +67,7 @@ from distributed_common import (  # noqa: E402
 # Read by the server's harness (not FANOUT_*: serve refuses unknown FANOUT_ settings).
 PROFILE_ENV = "BENCH_HTTP_PROFILE_DIR"
 THREADS_ENV = "BENCH_HTTP_THREADS_FILE"
+SOURCE_ENV = "BENCH_HTTP_SOURCE"
 
 
 # -- the server ---------------------------------------------------------------------------
@@ -74,7 +76,9 @@ THREADS_ENV = "BENCH_HTTP_THREADS_FILE"
 class Server:
     """`fanout serve` (and, distributed, its relay and workers) as subprocesses."""
 
-    def __init__(self, runtime: str, workers: int, partitions: int, profile: Path | None) -> None:
+    def __init__(
+        self, runtime: str, workers: int, partitions: int, profile: Path | None, source: Path | None = None
+    ) -> None:
         self.runtime = runtime
         self.ns: Namespace | None = None
         urls: dict[str, str] = {}
@@ -83,6 +87,8 @@ class Server:
             self.ns.create()
             urls = self.ns.urls
         self.fleet = Fleet(urls, OPEN_GATES)
+        self.source = source or ROOT  # the tree `fanout serve` runs from
+        self.fleet.env["PYTHONPATH"] = str(self.source)
         self.data = Path(tempfile.mkdtemp(prefix="fanout-bench-http-"))
         self.workers = workers
         self.profile = profile
@@ -90,14 +96,19 @@ class Server:
         self.base = ""
 
     def start(self) -> str:
-        if self.ns is not None:
+        if self.ns is not None:  # the relay and workers run from this tree (cwd), whatever --source
             self.fleet.start_pipeline(self.workers)
         port = free_port()
         args = ["serve", "--data-dir", str(self.data), "--port", str(port)]
         self.fleet.env[THREADS_ENV] = str(self.threads_file)
         if self.profile is not None:
             self.fleet.env[PROFILE_ENV] = str(self.profile)
-        self.fleet.start("serve", "bench.http_sends", "_serve", *args)
+        self.fleet.env[SOURCE_ENV] = str(self.source)
+        with open(self.fleet.logs / "serve.log", "wb") as log:  # this file's harness, the server's tree
+            cmd = [sys.executable, str(Path(__file__).resolve()), "_serve", *args]
+            self.fleet.procs["serve"] = subprocess.Popen(
+                cmd, env=self.fleet.env, stdout=log, stderr=log, cwd=self.source
+            )
         self.base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 180
         while True:  # ready: projectors running, every engine reachable, a worker alive
@@ -289,7 +300,8 @@ async def run_bench(args: argparse.Namespace, server: Server, watch: MemoryWatch
 
 
 def bench_one(args: argparse.Namespace, runtime: str) -> None:
-    server = Server(runtime, args.workers, args.partitions, Path(args.profile) if args.profile else None)
+    profile = Path(args.profile) if args.profile else None
+    server = Server(runtime, args.workers, args.partitions, profile, Path(args.source) if args.source else None)
     watch = MemoryWatch(interval=0.5)
     ok = False
     try:
@@ -316,6 +328,8 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1, help="sends per request: >1 posts them to /v1/messages/batch")
     ap.add_argument("--workers", type=int, default=1, help="distributed: `fanout worker` processes")
     ap.add_argument("--partitions", type=int, default=4, help="distributed: partitions of the bench's topic")
+    ap.add_argument("--source", metavar="TREE", help="run `fanout serve` from this source tree, "
+                    "e.g. a copy of the code before a change, for before/after runs (default: this one)")  # fmt: skip
     ap.add_argument("--profile", metavar="DIR", help="embedded: the server under cProfile while the sends run")
     args = ap.parse_args()
     if args.profile and args.runtime != "embedded":
@@ -427,6 +441,6 @@ def harness_serve(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_serve":
-        sys.path.insert(0, str(ROOT))
+        sys.path.insert(0, os.environ.get(SOURCE_ENV, str(ROOT)))
         sys.exit(harness_serve(sys.argv[2:]))
     sys.exit(main())
