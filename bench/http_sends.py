@@ -1,33 +1,41 @@
-"""Sends over HTTP, as a service publishes them (issue 12 item 6): `fanout serve` as a
-subprocess, --groups groups of --members members created over HTTP, then --messages sends
-(`POST /v1/conversations/{cid}/messages`) from --clients concurrent keep-alive aiohttp
-clients, round-robin over the groups.
+"""Sends over HTTP, as a service publishes them (issue 12 item 6, ADR-0024): `fanout serve`
+as a subprocess, --groups groups of --members members created over HTTP, then --messages sends
+(`POST /v1/conversations/{cid}/messages`, or with --batch N `POST /v1/messages/batch` of N)
+from --clients concurrent keep-alive aiohttp clients, round-robin over the groups.
 
-    .venv/bin/python bench/http_sends.py                                   # embedded, 300 groups of 20, 3,000 sends, 16 clients
-    .venv/bin/python bench/http_sends.py --runtime distributed             # the running engines, relay + 1 worker
-    .venv/bin/python bench/http_sends.py --runtime both                    # one after the other, same arguments
-    .venv/bin/python bench/http_sends.py --profile /tmp/http-sends         # embedded server under cProfile (see below)
-    .venv/bin/python bench/http_sends.py --groups 20 --messages 300        # smoke
+    .venv/bin/python bench/http_sends.py                          # embedded, 300 groups of 20, 3,000 sends, 16 clients
+    .venv/bin/python bench/http_sends.py --batch 50               # the same sends, 50 per request
+    .venv/bin/python bench/http_sends.py --in-process             # the reference: no HTTP, projector running
+    .venv/bin/python bench/http_sends.py --runtime distributed    # the running engines, relay + 1 worker
+    .venv/bin/python bench/http_sends.py --runtime both           # one after the other, same arguments
+    .venv/bin/python bench/http_sends.py --source /tmp/before     # the server from another tree (before/after)
+    .venv/bin/python bench/http_sends.py --profile /tmp/prof      # embedded server under cProfile (see below)
+    .venv/bin/python bench/http_sends.py --groups 20 --messages 300   # smoke
 
 Embedded (the default): `fanout serve` over a temporary data dir (projector in the same
 process, as in production). Distributed: a database, topic and keyspace of the bench's own on
 the engines of $FANOUT_ENGINES_DIR/engines.env (bench/distributed_common.py, dropped at the
 end), `fanout relay`, --workers `fanout worker` and one `fanout serve`. The admission gates
 and the backpressure limits are opened wide (distributed_common.OPEN_GATES): this measures
-the machinery, not the limits. The clock is real.
+the machinery, not the limits. The clock is real. The server runs `cli.main serve` in a small
+harness of this file (`_serve`), which notes the CPU time of each of its threads on a signal.
 
-Printed: sends accepted/s (first send to last answer), the latency of a send as the client
+Printed: sends accepted/s (first send to last answer), the latency of a request as the client
 sees it (p50, p99), end to end (first send until the views hold the last one, waited for with
 a fresh read `GET /v1/me/sessions?min_position=` of the highest position answered: every
-partition), and the CPU used by each process over the sends and until the views held all
-(the server; the relay, workers and engines on the distributed runtime; this client process,
-which shares the same cores). Prints numbers; asserts nothing.
+partition), the CPU used by each process over the sends and until the views held all (the
+server; the relay, workers and engines on the distributed runtime; this client process, which
+shares the same cores), and the server's CPU per accepted send: user and system, context
+switches, and per thread (the event loop `MainThread`, the sends' `fanout-commands`, the
+executor `fanout-api`, the embedded `fanout-projector`). On a shared machine the rates move
+with the other load; the CPU per send moves much less. Prints numbers; asserts nothing.
 
---profile DIR runs the (embedded) server under cProfile (timed by each thread's CPU time, so waiting
-for a lock or on epoll counts nothing), one profiler per thread (the event
-loop, the API executor threads, the projector), only while the sends run, and writes
-DIR/<thread>.prof plus the top functions of each to stdout; the profiler slows the server
-down several times, so its rates are not the bench's.
+--profile DIR runs the (embedded) server under cProfile, timed by each thread's CPU time (so
+waiting for a lock or on epoll counts nothing), one profiler per thread (the event loop and the
+executor's threads; not the projector's or the command lane's, which exist before profiling
+starts), only while the sends run, and writes DIR/<thread>.prof plus the top functions of each
+to the server's log (kept); the profiler slows the server down several times, so its rates
+are not the bench's.
 """
 
 from __future__ import annotations
@@ -317,9 +325,55 @@ def bench_one(args: argparse.Namespace, runtime: str) -> None:
         server.stop(keep_logs=not ok or args.profile is not None)
 
 
+def in_process(args: argparse.Namespace) -> None:
+    """The reference: the embedded runtime in this process with its projector thread running
+    (as in `fanout serve`), the same sends from one thread through `rt.app.send_message`, no
+    HTTP. bench/small_groups.py measures the command side with the projector stopped."""
+    from fanout.bootstrap import bootstrap
+    from fanout.config import load_settings
+
+    data = Path(tempfile.mkdtemp(prefix="fanout-bench-http-inproc-"))
+    try:
+        with bootstrap(load_settings(OPEN_GATES), data) as rt:
+            rt.start()
+            members = [f"u{i}" for i in range(args.members)]
+            for g in range(args.groups):
+                rt.app.create_conversation(TENANT, f"g{g}", "", members)
+            rt.wait_projected(600)
+            cpu0, threads0, start = time.process_time(), thread_cpu(), time.monotonic()
+            last = 0
+            for i in range(args.messages):
+                r = rt.app.send_message(
+                    TENANT, f"g{i % args.groups}", sender=members[i % args.members], text=f"message {i}"
+                )
+                last = max(last, int(r["position"]))
+            end, cpu1, threads1 = time.monotonic(), time.process_time(), thread_cpu()
+            rt.wait_until(last, 600)
+            held = time.monotonic()
+        n = args.messages
+        print(
+            f"embedded runtime in-process (projector running, no HTTP): {args.groups} groups of {args.members}, {n} sends from one thread"
+        )
+        print(f"  sends         {n / (end - start):,.0f} accepted/s")
+        print(
+            f"  end to end    views hold the last send {held - end:.2f} s after it was accepted: {n / (held - start):,.0f} messages/s"
+        )
+        per = ", ".join(
+            f"{name} {1e6 * (sec - threads0.get(name, 0.0)) / n:,.0f} us" for name, sec in sorted(threads1.items())
+            if sec - threads0.get(name, 0.0) > 0
+        )  # fmt: skip
+        print(
+            f"  this process: {1e6 * (cpu1 - cpu0) / n:,.0f} us of CPU per accepted send while sending; threads: {per}"
+        )
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runtime", choices=("embedded", "distributed", "both"), default="embedded")
+    ap.add_argument("--in-process", action="store_true", help="the reference instead: the embedded runtime in "
+                    "this process, projector running, the same sends from one thread, no HTTP")  # fmt: skip
     ap.add_argument("--groups", type=int, default=300)
     ap.add_argument("--members", type=int, default=20)
     ap.add_argument("--messages", type=int, default=3000)
@@ -335,6 +389,9 @@ def main() -> int:
     if args.profile and args.runtime != "embedded":
         ap.error("--profile goes with the embedded runtime")
     exit_on_sigterm()
+    if args.in_process:
+        in_process(args)
+        return 0
     for runtime in ("embedded", "distributed") if args.runtime == "both" else (args.runtime,):
         bench_one(args, runtime)
     return 0
