@@ -335,6 +335,24 @@ class CassandraWriter:
         self.reviews: dict[str, dict[str, Any]] = {}
         self.tiers: dict[str, dict[str, Any]] = {}
         self.capacity: dict[str, dict[str, Any]] = {}
+        # A unit may span log partitions (the worker's take): each row is stamped with the
+        # position ITS partition reaches in the unit, never another partition's (ADR-0021: a
+        # row's stamps must grow with its own partition's log). The partition a row came
+        # from is `partition` when it was put (the host sets it before each partition's events).
+        self.partition_of: dict[tuple[str, ...], int] = {}
+
+    def _from(self, *key: str) -> None:
+        self.partition_of[key] = self.partition
+
+    def stamp_of(self, *key: str) -> int:
+        """The write stamp of the rows put under `key` ((tenant, conversation_id), ("review",
+        id), ("tier", id), ("capacity", name)): the stamp of the position their partition
+        reaches in this unit; the unit's stamp when that partition tracks nothing here."""
+        partition = self.partition_of.get(key)
+        tops = [pos for (_, p), pos in self.positions.items() if p == partition]
+        if partition in self.log_positions:
+            tops.append(self.log_positions[partition][0])
+        return stamp(max(tops)) if tops else self.stamp()
 
     def track(self, projection: str, position: int, partition: int = 0) -> None:
         self.positions[(projection, partition)] = position
@@ -354,14 +372,17 @@ class CassandraWriter:
 
     def put_capacity(self, name: str, body: dict[str, Any]) -> None:
         self.capacity[name] = _json(body)
+        self._from("capacity", name)
 
     def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any]) -> None:
         if "heads" in self.parts:
             self.heads[(tenant, conversation_id)] = copy.deepcopy(head)
+            self._from(tenant, conversation_id)
 
     def put_message(self, tenant: str, conversation_id: str, message: dict[str, Any]) -> None:
         if "heads" in self.parts:
             self.messages[(tenant, conversation_id, message["conversation_seq"])] = copy.deepcopy(message)
+            self._from(tenant, conversation_id)
 
     def put_mailbox(self, tenant: str, refs: MessageRefs) -> None:
         if "mailbox" not in self.parts or not refs.shards:
@@ -373,12 +394,14 @@ class CassandraWriter:
         self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]
     ) -> None:
         if "state" in self.parts:
+            self._from(tenant, conversation_id)
             for u, s in states:
                 self.states[(tenant, conversation_id, u)] = ("put", copy.deepcopy(s))
 
     def put_gaps(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]) -> None:
         if "state" not in self.parts:
             return
+        self._from(tenant, conversation_id)
         for u, s in states:
             key = (tenant, conversation_id, u)
             queued = self.states.get(key)
@@ -396,21 +419,25 @@ class CassandraWriter:
     def delete_state(self, tenant: str, conversation_id: str, user_id: str) -> None:
         if "state" in self.parts:
             self.states[(tenant, conversation_id, user_id)] = ("delete", None)
+            self._from(tenant, conversation_id)
 
     def put_delivery(self, tenant: str, conversation_id: str, seq: int, record: dict[str, Any]) -> None:
         if "heads" in self.parts:
             self.deliveries[(tenant, conversation_id, seq)] = dict(record)
+            self._from(tenant, conversation_id)
 
     def put_review(self, review: dict[str, Any]) -> None:
         if "heads" in self.parts:
             r = _json(review)
             self.reviews.pop(r["review_id"], None)  # the one written last goes last
             self.reviews[r["review_id"]] = r
+            self._from("review", r["review_id"])
 
     def put_tier(self, tier: dict[str, Any]) -> None:
         if "heads" in self.parts:
             t = _json(tier)
             self.tiers.setdefault(t["tier_id"], {}).update(t)
+            self._from("tier", t["tier_id"])
 
 
 class CassandraViews:
@@ -602,27 +629,36 @@ class CassandraViews:
            mutation, applied atomically (a head lands if and only if its rows do); only the
            member rows of a conversation too large for one batch go first, in chunks;
         C. tracking, last: each position stamped with itself, so it never goes back."""
-        ps, ts = self._w, w.stamp()
+        ps = self._w
+        stamps: dict[tuple[str, ...], int] = {}
+
+        def ts_of(*key: str) -> int:  # the stamp of a row's partition (CassandraWriter.stamp_of)
+            ts = stamps.get(key)
+            if ts is None:
+                ts = stamps[key] = w.stamp_of(*key)
+            return ts
+
         w.step("mailbox")
-        members, conversations = self._rows(w, ts)
+        members, conversations = self._rows(w, ts_of)
         rows_a: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
         for tenant, refs in w.mailbox:
             rows_a.extend(self._mailbox_rows(tenant, refs))
         rows_a.extend(members)
         for (t, c), h in w.heads.items():
+            ts = ts_of(t, c)
             rows_a.append((ps["by_aggregate"], (str(h["aggregate_id"]), t, c, ts)))
             rows_a.append((ps["by_tenant"], (t, c, h["size_bucket"], ts)))
         for r in w.reviews.values():
-            text, written = json.dumps(r), self._stamp()
+            text, written, ts = json.dumps(r), self._stamp(), ts_of("review", r["review_id"])
             rows_a.append((ps["review"], (r["review_id"], r["tenant"], text, written, ts)))
             rows_a.append((ps["review_by_tenant"], (r["tenant"], r["review_id"], text, written, ts)))
         for tier_id, tier in w.tiers.items():
-            rows_a.append((ps["tier"], (ts, {k: json.dumps(v) for k, v in tier.items()}, tier_id)))
+            rows_a.append((ps["tier"], (ts_of("tier", tier_id), {k: json.dumps(v) for k, v in tier.items()}, tier_id)))
         for name, body in w.capacity.items():
-            rows_a.append((ps["capacity"], (name, json.dumps(body), ts)))
+            rows_a.append((ps["capacity"], (name, json.dumps(body), ts_of("capacity", name))))
         run(self.session, _batches(rows_a, MEMBER_BATCH_ROWS))
         # delivery records, materialized_at once every entry is written (as SQLite and memory stamp it)
-        self._add_deliveries(w, ts, now if now is not None else time.time(), conversations)
+        self._add_deliveries(w, ts_of, now if now is not None else time.time(), conversations)
         # B. a conversation's rows that do not fit in one batch with its head, then the heads
         early, final = _conversation_batches(conversations.values())
         w.step("rows")
@@ -647,7 +683,7 @@ class CassandraViews:
         return ()
 
     def _rows(
-        self, w: CassandraWriter, ts: int
+        self, w: CassandraWriter, ts_of: Callable[..., int]
     ) -> tuple[list[tuple[PreparedStatement, tuple[Any, ...]]], dict[tuple[str, str], _Conversation]]:
         """The member-keyed state rows (round A), and each conversation's rows (round B)."""
         ps = self._w
@@ -661,6 +697,7 @@ class CassandraViews:
             return x
 
         for (tenant, cid, u), (op, value) in sorted(w.states.items(), key=lambda kv: kv[0]):
+            ts = ts_of(tenant, cid)
             if op == "put":
                 row = _state_cells(value)
                 conv(tenant, cid).rows.append((ps["conv_state"], (tenant, cid, u, *row, ts), ROW_BYTES))
@@ -674,7 +711,7 @@ class CassandraViews:
                 conv(tenant, cid).rows.append((ps["conv_delete"], (ts, tenant, cid, u), ROW_BYTES))
                 members.append((ps["user_delete"], (ts, tenant, u, cid)))
         for (tenant, cid, seq), m in w.messages.items():
-            x = conv(tenant, cid)
+            x, ts = conv(tenant, cid), ts_of(tenant, cid)
             x.rows.append(
                 (
                     ps["message"],
@@ -699,13 +736,13 @@ class CassandraViews:
             if m["mention_all"] or m["announcement"]:
                 x.rows.append((ps["broadcast"], (tenant, cid, seq, ts), ROW_BYTES))
         for (t, c), h in w.heads.items():
-            values = (t, c, *(_head_value(h, k) for k in HEAD_COLUMNS), ts)
+            values = (t, c, *(_head_value(h, k) for k in HEAD_COLUMNS), ts_of(t, c))
             text = f"{h.get('title') or ''}{h.get('preview') or ''}"
             conv(t, c).head = (ps["head"], values, ROW_BYTES + len(text.encode()))
         return members, convs
 
     def _add_deliveries(
-        self, w: CassandraWriter, ts: int, at: float, convs: dict[tuple[str, str], _Conversation]
+        self, w: CassandraWriter, ts_of: Callable[..., int], at: float, convs: dict[tuple[str, str], _Conversation]
     ) -> None:
         ps = self._w
         for (t, c, q), r in w.deliveries.items():
@@ -724,7 +761,7 @@ class CassandraViews:
                         r["body_bytes"],
                         r["pos"],
                         at,
-                        ts,
+                        ts_of(t, c),
                     ),
                     ROW_BYTES,
                 )

@@ -2,11 +2,13 @@
 projections as the embedded runner (`projections/hosting.py` `build_projections`) over a
 ViewStore, reading the event topic the relay writes (`streams/records.py`).
 
-* **Batches, per partition.** The agent takes up to `batch` events within `within` seconds
-  (`stream.take_events`), groups them by Kafka partition and runs ONE unit of work per
-  partition in a single-thread executor (`loop.run_in_executor`): the Faust event loop never
-  waits on a view store, and the units of one worker never overlap (the view stores are
-  not required to take concurrent units from one process).
+* **One unit of work per take.** The agent takes up to `batch` events within `within` seconds
+  (`stream.take_events`), groups them by Kafka partition and runs ONE unit of work over all
+  of them (cut short only by ALONE or the mailbox-entry bound), committed in a few rounds
+  (ADR-0025), in a single-thread executor (`loop.run_in_executor`): the Faust event loop
+  never waits on a view store, and the units of one worker never overlap (the view stores
+  are not required to take concurrent units from one process). Each partition keeps its own
+  projections, tracking and log position inside the unit.
 * **One projection set per partition** (`build_projections(views, params, partition=p)`:
   the capacity window is saved per partition), built lazily from the committed views.
 * **Idempotence by tracking, not by Kafka offsets.** The tracked position of (projection,
@@ -125,6 +127,17 @@ ALONE = frozenset(
 )
 
 
+@dataclass
+class _Fold:
+    """What one partition's records contributed to a unit of work."""
+
+    count: int  # records consumed (applied, skipped or tracked only)
+    applied: int
+    skipped: int
+    last: dict[str, int]  # projection -> the position the unit tracks for this partition
+    next_offset: int  # the next Kafka offset of the partition to read (-1: unknown)
+
+
 class PartitionHost:
     """The projections of the partitions a worker holds, and their units of work. Every
     method runs on one thread (the worker's executor)."""
@@ -207,14 +220,28 @@ class PartitionHost:
     # -- applying ---------------------------------------------------------------------------
 
     def apply(self, partition: int, records: Sequence[Record]) -> int:
-        """Apply one partition's records (in partition order) in as many units of work as
-        the mailbox-entry bound needs; returns how many records went into committed units.
-        Raises when a unit fails (its working sets are dropped; retry the same records)."""
-        self.stats.records += len(records)
-        records = self._resume(partition, records)
+        """Apply one partition's records: `apply_take({partition: records})`."""
+        return self.apply_take({partition: records})
+
+    def apply_take(self, by_partition: Mapping[int, Sequence[Record]]) -> int:
+        """Apply a take: each partition's records in partition order, every partition in the
+        same units of work (one, unless ALONE or the mailbox-entry bound cuts one short: then
+        as many as they need); returns how many records went into committed units. Raises
+        when a unit fails (the working sets of its partitions are dropped; retry the same
+        records)."""
+        pending: dict[int, Sequence[Record]] = {}
+        for partition in sorted(by_partition):
+            self.stats.records += len(by_partition[partition])
+            pending[partition] = self._resume(partition, by_partition[partition])
         done = 0
-        while done < len(records):
-            done += self._unit(partition, records[done:])
+        while pending:
+            for partition, n in self._unit(pending).items():
+                done += n
+                rest = pending[partition][n:]
+                if rest:
+                    pending[partition] = rest
+                else:
+                    del pending[partition]
         return done
 
     def _resume(self, partition: int, records: Sequence[Record]) -> Sequence[Record]:
@@ -276,94 +303,76 @@ class PartitionHost:
             )
         return [*missing, *records]
 
-    def _checkpoint(self, partition: int, committed: int | None, labels: set[str]) -> Callable[[str], None]:
+    def _checkpoint(self, committed: Mapping[int, int | None], labels: set[str]) -> Callable[[str], None]:
         """Called by the store between the steps of its commit: fault-injection points, and
         after FENCE_RECHECK seconds (a long unit, a paused process) a check that no other
-        writer has written the partition past where this unit started (Fenced if so)."""
+        writer has written a partition of the unit past where this unit started (Fenced if so)."""
         checked = [time.monotonic()]
 
         def check(step: str) -> None:
             failpoints.hit(f"commit.{step}", labels)
             now = time.monotonic()
-            if committed is None or now - checked[0] < FENCE_RECHECK:
+            if now - checked[0] < FENCE_RECHECK:
                 return
             checked[0] = now
-            stored = self.views.log_position(partition)
-            if stored is not None and stored.position > committed:
-                raise Fenced(
-                    f"partition {partition}: another worker wrote its views up to position {stored.position} "
-                    f"while this one's unit (from {committed}) was being committed: the unit is stopped"
-                )
+            for partition, position in committed.items():
+                stored = self.views.log_position(partition) if position is not None else None
+                if stored is not None and position is not None and stored.position > position:
+                    raise Fenced(
+                        f"partition {partition}: another worker wrote its views up to position {stored.position} "
+                        f"while this one's unit (from {position}) was being committed: the unit is stopped"
+                    )
 
         return check
 
-    def _unit(self, partition: int, records: Sequence[Record]) -> int:
-        projections = self.projections(partition)
-        routes = self._routes[partition]
-        tracked = self.tracked(partition)
-        low = min(tracked.values())
-        if all(r.position <= low for r in records):  # all redelivered: nothing to write
-            self.stats.skipped += sum(isinstance(r, EventRecord) for r in records)
-            return len(records)
-        wanted = self._topics or frozenset()
+    def _unit(self, pending: Mapping[int, Sequence[Record]]) -> dict[int, int]:
+        """One unit of work over the partitions of `pending`: partition -> how many of its
+        records went into it."""
+        counts: dict[int, int] = {}
+        work: dict[int, Sequence[Record]] = {}
+        for partition, records in pending.items():
+            low = min(self.tracked(partition).values())
+            if all(r.position <= low for r in records):  # all redelivered: nothing to write
+                self.stats.skipped += sum(isinstance(r, EventRecord) for r in records)
+                counts[partition] = len(records)
+            else:
+                work[partition] = records
+        if not work:
+            return counts
         effects: list[Effect] = []
-        count = applied = skipped = 0
-        top = 0
-        touched: set[Any] = set()  # the conversations (aggregates) with an event in this unit
-        reshaped: set[Any] = set()  # those whose event in this unit reshapes their member states
         labels: set[str] = set()  # the kinds of events in the unit (failpoints)
+        folds: dict[int, _Fold] = {}
         try:
             with self.views.unit_of_work() as w:
-                w.partition = partition
-                w.checkpoint = self._checkpoint(partition, self._committed.get(partition), labels)
-                for r in records:
-                    count += 1
-                    top = max(top, r.position)
-                    if isinstance(r, Watermark):
-                        continue
-                    if r.position <= low:
-                        skipped += 1
-                        continue
-                    if r.topic not in wanted:
-                        continue  # an event no projection folds (a quota charge): tracked only
-                    aggregate = r.originator_id
-                    if aggregate in reshaped or (r.topic in ALONE and aggregate in touched):
-                        count -= 1  # end the unit before it: see ALONE
-                        top = max((x.position for x in records[:count]), default=0)
-                        break
-                    touched.add(aggregate)
-                    if r.topic in ALONE:
-                        reshaped.add(aggregate)
-                    event = self.to_domain_event(r)
-                    labels.add(type(event).__name__)
-                    for p in routes.get(type(event), ()):
-                        if r.position > tracked[p.name]:
-                            effects.extend(p.process(event, r.position, w))
-                    applied += 1
+                w.checkpoint = self._checkpoint({p: self._committed.get(p) for p in work}, labels)
+                for partition, records in work.items():
+                    w.partition = partition
+                    folds[partition] = self._fold(partition, records, w, effects, labels)
                     if w.mailbox_entries >= self.max_entries_per_commit:
                         break
-                last = {p.name: max(tracked[p.name], top) for p in projections}
-                for p in projections:
-                    p.flush(w)
-                    w.track(p.name, last[p.name], partition)
-                offsets = [r.offset for r in records[:count] if r.offset >= 0]
-                w.track_log(partition, max(last.values()), max(offsets) + 1 if offsets else -1)
+                for partition, fold in folds.items():
+                    w.partition = partition
+                    for p in self.projections(partition):
+                        p.flush(w)
+                        w.track(p.name, fold.last[p.name], partition)
+                    w.track_log(partition, max(fold.last.values()), fold.next_offset)
                 entries = w.mailbox_entries
-        except Fenced:
-            self.stats.fenced += 1
-            self.forget([partition])
-            raise
-        except BaseException:
+        except BaseException as exc:
             # The working sets ran ahead of what committed: reload them from the views.
-            self.stats.failures += 1
-            self.forget([partition], failed=True)
+            if isinstance(exc, Fenced):
+                self.stats.fenced += 1
+            else:
+                self.stats.failures += 1
+            self.forget(list(work), failed=True)
             raise
-        tracked.update(last)
-        self._committed[partition] = max(last.values())
         s = self.stats
+        for partition, fold in folds.items():
+            self.tracked(partition).update(fold.last)
+            self._committed[partition] = max(fold.last.values())
+            counts[partition] = fold.count
+            s.applied += fold.applied
+            s.skipped += fold.skipped
         s.units += 1
-        s.applied += applied
-        s.skipped += skipped
         s.entries += entries
         s.effects += len(effects)
         if effects and self.on_effects is not None:
@@ -371,7 +380,55 @@ class PartitionHost:
                 self.on_effects(effects)
             except Exception:
                 log.exception("acting on the effects failed (the views are committed)")
-        return count
+        return counts
+
+    def _fold(
+        self, partition: int, records: Sequence[Record], w: Any, effects: list[Effect], labels: set[str]
+    ) -> _Fold:
+        """Fold a prefix of one partition's records through its projections into the unit's
+        writer: up to an event ALONE keeps out of this unit, or the mailbox-entry bound."""
+        routes = self._routes[partition]
+        tracked = self.tracked(partition)
+        low = min(tracked.values())
+        wanted = self._topics or frozenset()
+        count = applied = skipped = 0
+        top = 0
+        touched: set[Any] = set()  # the conversations (aggregates) with an event in this unit
+        reshaped: set[Any] = set()  # those whose event in this unit reshapes their member states
+        for r in records:
+            count += 1
+            top = max(top, r.position)
+            if isinstance(r, Watermark):
+                continue
+            if r.position <= low:
+                skipped += 1
+                continue
+            if r.topic not in wanted:
+                continue  # an event no projection folds (a quota charge): tracked only
+            aggregate = r.originator_id
+            if aggregate in reshaped or (r.topic in ALONE and aggregate in touched):
+                count -= 1  # end the unit before it: see ALONE
+                top = max((x.position for x in records[:count]), default=0)
+                break
+            touched.add(aggregate)
+            if r.topic in ALONE:
+                reshaped.add(aggregate)
+            event = self.to_domain_event(r)
+            labels.add(type(event).__name__)
+            for p in routes.get(type(event), ()):
+                if r.position > tracked[p.name]:
+                    effects.extend(p.process(event, r.position, w))
+            applied += 1
+            if w.mailbox_entries >= self.max_entries_per_commit:
+                break
+        offsets = [r.offset for r in records[:count] if r.offset >= 0]
+        return _Fold(
+            count=count,
+            applied=applied,
+            skipped=skipped,
+            last={p.name: max(tracked[p.name], top) for p in self.projections(partition)},
+            next_offset=max(offsets) + 1 if offsets else -1,
+        )
 
     def evaluate_capacity(self, monitor: CapacityMonitor) -> list[ReviewTrigger]:
         """T1/T2 over every partition's committed window; the triggers go to on_effects
@@ -429,34 +486,34 @@ class Applier:
         self.last_error: str | None = None
 
     async def apply(self, by_partition: Mapping[int, Sequence[Record]]) -> None:
+        """The take's records of every partition, in one unit of work where the rules allow
+        (PartitionHost.apply_take), retried after a failure until they commit."""
         loop = asyncio.get_running_loop()
-        for partition in sorted(by_partition):
-            failures = 0
-            while True:
-                try:
-                    await loop.run_in_executor(self.executor, self.host.apply, partition, by_partition[partition])
-                    break
-                except (Fenced, LogGapUnreadable) as exc:
-                    # one line, no traceback: the retry reloads the partition from the views
-                    log.warning("%s", exc)
-                    self.last_error = str(exc)
-                    await asyncio.sleep(self.backoff)
-                except Exception as exc:
-                    failures += 1
-                    self.last_error = f"{type(exc).__name__}: {exc}"
-                    reason = storage_failure(exc) or "projector_failed"
-                    if failures == 1 and engine_unavailable(exc):  # one line: it says what is away
-                        log.error("unit of work of partition %d failed: %s; retrying it", partition, self.last_error)
-                    elif failures == 1:  # anything else may be a bug: its stack
-                        log.exception("unit of work of partition %d failed (%s); retrying it", partition, reason)
-                    else:
-                        self._throttled(
-                            "failing", logging.ERROR, "partition %d still failing: %s", partition, self.last_error
-                        )
-                    await asyncio.sleep(self.backoff)
-            if failures:
-                log.warning("partition %d recovered after %d failed attempts", partition, failures)
-                self.last_error = None
+        parts = ",".join(map(str, sorted(by_partition)))
+        failures = 0
+        while True:
+            try:
+                await loop.run_in_executor(self.executor, self.host.apply_take, by_partition)
+                break
+            except (Fenced, LogGapUnreadable) as exc:
+                # one line, no traceback: the retry reloads the partition from the views
+                log.warning("%s", exc)
+                self.last_error = str(exc)
+                await asyncio.sleep(self.backoff)
+            except Exception as exc:
+                failures += 1
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                reason = storage_failure(exc) or "projector_failed"
+                if failures == 1 and engine_unavailable(exc):  # one line: it says what is away
+                    log.error("unit of work of partitions %s failed: %s; retrying it", parts, self.last_error)
+                elif failures == 1:  # anything else may be a bug: its stack
+                    log.exception("unit of work of partitions %s failed (%s); retrying it", parts, reason)
+                else:
+                    self._throttled("failing", logging.ERROR, "partitions %s still failing: %s", parts, self.last_error)
+                await asyncio.sleep(self.backoff)
+        if failures:
+            log.warning("partitions %s recovered after %d failed attempts", parts, failures)
+            self.last_error = None
 
     async def forget(self, partitions: Iterable[int]) -> None:
         await asyncio.get_running_loop().run_in_executor(self.executor, self.host.forget, list(partitions))

@@ -348,6 +348,33 @@ class PartitionedLogContract:
         assert views2.low_watermark("delivery") == 10
         assert [e[1] for e in views2.mailbox_page(T, "a", 0, 10)] == [10]
 
+    def test_a_unit_spanning_partitions_stamps_each_row_with_its_own_partitions_position(
+        self, views2: Any
+    ) -> None:
+        """A worker's take is one unit over its partitions. A later unit of partition 0 alone
+        reaches a lower position than the earlier unit did on partition 1: its rows still
+        replace partition 0's (a store ordering writes by one stamp per unit would keep the
+        older head: last-write-wins by the unit's highest position)."""
+        with views2.unit_of_work() as w:
+            w.partition = 0
+            w.put_head(T, "c0", head("c0", 1))
+            w.put_message(T, "c0", message("c0", 1, 10))
+            w.partition = 1
+            w.put_head(T, "c1", head("c1", 1))
+            w.track("delivery", 10, partition=0)
+            w.track_log(0, 10, -1)
+            w.track("delivery", 100, partition=1)
+            w.track_log(1, 100, -1)
+        with views2.unit_of_work() as w:
+            w.partition = 0
+            w.put_head(T, "c0", head("c0", 2))
+            w.put_message(T, "c0", {**message("c0", 1, 10), "text": "edited by a later unit"})
+            w.track("delivery", 20, partition=0)
+            w.track_log(0, 20, -1)
+        assert views2.head(T, "c0")["latest_conversation_seq"] == 2
+        assert views2.message(T, "c0", 1)["text"] == "edited by a later unit"
+        assert views2.head(T, "c1")["latest_conversation_seq"] == 1
+
     def test_a_partition_never_tracked_holds_the_low_watermark_at_zero(self, views2: Any) -> None:
         with views2.unit_of_work() as w:
             w.put_mailbox(T, refs("c", 3, 1, ["a"]))
