@@ -17,7 +17,7 @@ from domain.identity import check_id as check_id
 from domain.identity import scoped_name
 from domain.params import Parameters, SizeBucket, WritePolicy
 from domain.policy import Switch, TierTerms, alpha_of, decide
-from domain.quota import TenantQuota
+from domain.quota import Quota
 
 NAMESPACE = UUID("6f6d2b1e-5a0c-4f57-9d43-3b3f0c1f2a10")
 
@@ -170,7 +170,7 @@ class Conversation(Aggregate):
         sender: str,
         text: str,
         message_id: str,
-        quota: TenantQuota,
+        quota: Quota,
         params: Parameters,
         now: float,
         mentions: Sequence[str] = (),

@@ -19,7 +19,10 @@ exact across replicas. What they read (ADR-0023):
 * an aggregate read for validation only (the conversation a MARK_READ checks, a tier, a
   review's existence...) is fast-forwarded from the store on every load, as before;
 * an absent tier is remembered for at most `NO_TIER_TTL` seconds, and only trusted for a
-  conversation in `always` (see `_evaluate`).
+  conversation in `always` (see `_evaluate`);
+* the tenant's fan-out bucket is K `TenantQuotaSlot` streams instead of one `TenantQuota`
+  stream: a replica charges its own slot, and borrows from the others (read fresh) only
+  when its own cannot pay, so replicas of one tenant do not race on one stream.
 
 MARK_READ appends to the member's own MemberReadState stream, not to the conversation's
 (ADR-0018). The activity a read is (alpha, who is materialized in mention_only) is
@@ -36,6 +39,7 @@ import random
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
@@ -51,7 +55,7 @@ from domain.errors import AlreadyExists, FanoutError, InvalidArgument, NotFound,
 from domain.identity import check_tenant
 from domain.params import Parameters, SizeBucket, WritePolicy
 from domain.policy import DISABLED, TierTerms
-from domain.quota import TenantQuota
+from domain.quota import QUOTA_SLOTS, Quota, SlottedQuota, TenantQuota, TenantQuotaSlot
 from domain.reads import MemberReadState
 from domain.review import Review
 from domain.tier import Tier
@@ -141,7 +145,13 @@ class Unit(list[Aggregate]):
 
 class FanoutApplication(Application[UUID]):
     name = "fanout"
-    snapshotting_intervals = {Conversation: 200, TenantQuota: 2000, Tier: 200, MemberReadState: 100}
+    snapshotting_intervals = {
+        Conversation: 200,
+        TenantQuota: 2000,
+        TenantQuotaSlot: 2000,
+        Tier: 200,
+        MemberReadState: 100,
+    }
     # One writer per event store (the data-dir lock), so a cached aggregate is never
     # behind the store: no deep copy, and no fast-forward query per command.
     env = {
@@ -160,6 +170,8 @@ class FanoutApplication(Application[UUID]):
         conversations_in_scope: Callable[[str, str], list[str]] | None = None,
         read_state: Callable[[str, str, str], tuple[int, int] | None] | None = None,
         shared_store: bool = False,
+        quota_slots: int | None = None,
+        replica_id: str | None = None,
         activity_flush_interval: float = ACTIVITY_FLUSH_INTERVAL,
         legacy_read_marks: bool = False,
     ) -> None:
@@ -168,6 +180,12 @@ class FanoutApplication(Application[UUID]):
             env = {**(env or {}), "AGGREGATE_CACHE_FASTFORWARD": "y"}
         super().__init__(env)
         self.conflicts = 0  # saves that lost a race and were retried
+        # The tenant bucket (ADR-0023): one TenantQuota stream per tenant for one writer (0);
+        # K TenantQuotaSlot streams for replicas of a shared store, this one charging its own.
+        self.quota_slots = (QUOTA_SLOTS if shared_store else 0) if quota_slots is None else quota_slots
+        self.replica_id = replica_id or uuid.uuid4().hex
+        self.quota_slot = self.slot_of(self.replica_id, self.quota_slots)
+        self.slot_moves = 0  # times this replica moved to another slot after losing a race on its own
         self.params = params
         self.clock = clock
         self.message_sender = message_sender or (lambda tenant, cid, seq: None)
@@ -208,7 +226,15 @@ class FanoutApplication(Application[UUID]):
     # -- plumbing ------------------------------------------------------------
 
     def _find(
-        self, cls: type[A], aggregate_id: UUID, tenant: str, what: str, *, saves: bool = False, **details: Any
+        self,
+        cls: type[A],
+        aggregate_id: UUID,
+        tenant: str,
+        what: str,
+        *,
+        saves: bool = False,
+        monotone: bool = False,
+        **details: Any,
     ) -> A | None:
         """The caller's aggregate of this id, or None when there is none. An aggregate of
         another kind or of another tenant under this id is NotFound: never acted on
@@ -217,7 +243,9 @@ class FanoutApplication(Application[UUID]):
         `saves`: the command is about to save this aggregate. On a shared store a cached
         copy is then taken as it is, without the fast-forward query (ADR-0023): a stale
         copy's save is refused by the version key; what the command decides without
-        saving it is decided again (`StaleDecision`, raised by `_unit`)."""
+        saving it is decided again (`StaleDecision`, raised by `_unit`), unless it is
+        `monotone`: a token bucket, whose stale copy holds at least the fresh one's tokens,
+        so that a refusal made on it is right and an admission is checked by its save."""
         check_tenant(tenant)
         found: Aggregate | None = None
         unit = self._unit_now
@@ -228,7 +256,8 @@ class FanoutApplication(Application[UUID]):
                     cached: Any = cache.get(aggregate_id)
                     if isinstance(cached, Aggregate):
                         found = cached
-                        unit.unchecked.append(cached)
+                        if not monotone:
+                            unit.unchecked.append(cached)
         if found is None:
             try:
                 found = self.repository.get(aggregate_id)
@@ -278,6 +307,8 @@ class FanoutApplication(Application[UUID]):
                     self._activity_saved(key, applied)
                     self.activity_events += recorded
             except BaseException as exc:
+                if isinstance(exc, RecordConflictError) and any(isinstance(a, TenantQuotaSlot) for a in touched):
+                    self._move_slot()
                 for a in [*touched, *self._loaded]:
                     if a in touched or getattr(a, "_pending_events", None):
                         self._evict(a.id)
@@ -290,6 +321,19 @@ class FanoutApplication(Application[UUID]):
         if touched:
             for listener in self.saved_listeners:
                 listener()
+
+    @staticmethod
+    def slot_of(replica_id: str, slots: int) -> int:
+        """The quota slot a replica starts charging: CRC-32 of its id modulo the slots."""
+        return zlib.crc32(replica_id.encode()) % slots if slots else 0
+
+    def _move_slot(self) -> None:
+        """Lost a race on a save with quota slots: another replica may charge the same slot
+        (two replica ids hashed alike). Move to another slot at random, so replicas of one
+        tenant spread over the slots instead of racing on one."""
+        if self.quota_slots > 1:
+            self.quota_slot = (self.quota_slot + random.randrange(1, self.quota_slots)) % self.quota_slots  # noqa: S311
+            self.slot_moves += 1
 
     def _notify(self, recordings: list[Recording[UUID]]) -> None:
         """eventsourcing's hook after a save: report positions and each send's fan-out
@@ -424,9 +468,30 @@ class FanoutApplication(Application[UUID]):
             self._no_tier.pop(key, None)
         return tier
 
-    def _quota(self, tenant: str) -> TenantQuota:
-        q = self._find(TenantQuota, TenantQuota.create_id(tenant), tenant, "tenant quota", saves=True)
-        return q if q is not None else TenantQuota(tenant=tenant)
+    def _quota(self, tenant: str) -> Quota:
+        if not self.quota_slots:
+            q = self._find(TenantQuota, TenantQuota.create_id(tenant), tenant, "tenant quota", saves=True)
+            return q if q is not None else TenantQuota(tenant=tenant)
+        own = self._quota_slot(tenant, self.quota_slot, cached=True)
+        # The other slots are read only when this one cannot pay, and then fast-forwarded:
+        # other replicas charge them (and borrow from them), so a cached copy is likely stale
+        # then, and a save on it would lose the race.
+        return SlottedQuota(
+            own, lambda: [self._quota_slot(tenant, k) for k in range(self.quota_slots) if k != self.quota_slot]
+        )
+
+    def _quota_slot(self, tenant: str, k: int, *, cached: bool = False) -> TenantQuotaSlot:
+        slot = self._find(
+            TenantQuotaSlot, TenantQuotaSlot.create_id(tenant, k), tenant, "tenant quota", saves=cached, monotone=True
+        )
+        if slot is not None:
+            if slot.slot != k or slot.slots != self.quota_slots:
+                raise NotFound("tenant quota not found")  # unreachable: the id is derived from them
+            return slot
+        legacy = self._find(TenantQuota, TenantQuota.create_id(tenant), tenant, "tenant quota")
+        return TenantQuotaSlot(
+            tenant=tenant, slot=k, slots=self.quota_slots, bucket=TenantQuotaSlot.seed(legacy, self.quota_slots)
+        )
 
     def _evaluate(self, conv: Conversation, now: float, touched: list[Aggregate]) -> None:
         """Run the write-policy state machine and keep the tier's roster in step."""
@@ -547,7 +612,11 @@ class FanoutApplication(Application[UUID]):
                 client_msg_id=client_msg_id,
             )
             touched.touch(conv)
-            touched.touch(quota)
+            if isinstance(quota, SlottedQuota):
+                for slot in quota.charged:
+                    touched.touch(slot)
+            elif isinstance(quota, TenantQuota):
+                touched.touch(quota)
             result = {"conversation_seq": seq, "message_id": message_id, "write_policy": conv.write_policy}
         return self._positioned(result, touched)
 

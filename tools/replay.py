@@ -31,7 +31,7 @@ from eventsourcing.utils import get_topic
 
 from domain.conversation import Conversation
 from domain.params import Parameters
-from domain.quota import TenantQuota
+from domain.quota import TenantQuota, TenantQuotaSlot
 from domain.reads import READ_EVENTS, MemberReadState
 from domain.review import Review, topics_of
 from domain.tier import Tier
@@ -40,7 +40,7 @@ from fanout.config import Settings, is_distributed
 from projections.ports import ViewStore
 
 PAGE = 1000
-AGGREGATES: tuple[type[Aggregate], ...] = (Conversation, Review, Tier, TenantQuota, MemberReadState)
+AGGREGATES: tuple[type[Aggregate], ...] = (Conversation, Review, Tier, TenantQuota, TenantQuotaSlot, MemberReadState)
 # A member's reads are in a stream of its own that names its conversation (ADR-0018).
 _READ_TOPICS = frozenset(topics_of(*READ_EVENTS))
 SHOWN = 10  # names listed in an error before "(and N more)"
@@ -110,7 +110,7 @@ def log_scopes(app: Any) -> dict[str, set[str]]:
     """tenant -> its conversation ids, from the creation events in the log (only those
     topics are read: a scan of the creation events, not of every message)."""
     topics = [get_topic(Conversation.Created), *topics_of(Review.Opened), get_topic(Tier.Created)]
-    topics.append(get_topic(TenantQuota.Created))
+    topics.extend([get_topic(TenantQuota.Created), get_topic(TenantQuotaSlot.Created)])
     scopes: dict[str, set[str]] = {}
     position = 1
     while True:
