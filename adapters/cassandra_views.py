@@ -37,7 +37,7 @@ from cassandra.io.asyncioreactor import AsyncioConnection
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
 from cassandra.query import BatchStatement, BatchType, PreparedStatement, dict_factory
 
-from adapters.cassandra_mailbox import INSERT_ENTRY, CassandraMailbox
+from adapters.cassandra_mailbox import INSERT_ENTRY, CassandraMailbox, Row, grouped
 from adapters.cassandra_stamps import stamp
 from projections.ports import ALL_PARTS, LogPosition, MailboxEntry, MailboxStore, MessageRefs
 from projections.state import Session as LoginSession
@@ -244,30 +244,15 @@ def run(session: Session, statements: Iterable[tuple[Any, Any]]) -> None:
     execute_concurrent(session, statements, concurrency=IN_FLIGHT, raise_on_first_error=True)
 
 
-def _batches(
-    stmts: Iterable[tuple[PreparedStatement, tuple[Any, ...]]], rows: int = BATCH_ROWS
-) -> Iterator[tuple[BatchStatement, None]]:
-    """UNLOGGED batches of `rows` statements (grouped writes, not one round trip each)."""
-    batch, n = BatchStatement(batch_type=BatchType.UNLOGGED), 0
-    for stmt, args in stmts:
-        batch.add(stmt, args)
-        n += 1
-        if n == rows:
-            yield batch, None
-            batch, n = BatchStatement(batch_type=BatchType.UNLOGGED), 0
-    if n:
-        yield batch, None
-
-
-Row = tuple[PreparedStatement, tuple[Any, ...], int]  # a statement, its values, its estimated bytes
+SizedRow = tuple[PreparedStatement, tuple[Any, ...], int]  # a statement, its values, its estimated bytes
 
 
 @dataclass
 class _Conversation:
     """One conversation's rows of a unit of work (round B of the commit)."""
 
-    rows: list[Row] = field(default_factory=list)  # member states, messages, broadcasts, delivery records
-    head: Row | None = None
+    rows: list[SizedRow] = field(default_factory=list)  # member states, messages, broadcasts, delivery records
+    head: SizedRow | None = None
 
 
 def _conversation_batches(
@@ -640,7 +625,7 @@ class CassandraViews:
 
         w.step("mailbox")
         members, conversations = self._rows(w, ts_of)
-        rows_a: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
+        rows_a: list[Row] = []
         for tenant, refs in w.mailbox:
             rows_a.extend(self._mailbox_rows(tenant, refs))
         rows_a.extend(members)
@@ -656,7 +641,7 @@ class CassandraViews:
             rows_a.append((ps["tier"], (ts_of("tier", tier_id), {k: json.dumps(v) for k, v in tier.items()}, tier_id)))
         for name, body in w.capacity.items():
             rows_a.append((ps["capacity"], (name, json.dumps(body), ts_of("capacity", name))))
-        run(self.session, _batches(rows_a, MEMBER_BATCH_ROWS))
+        run(self.session, grouped(rows_a, MEMBER_BATCH_ROWS, self.keyspace))
         # delivery records, materialized_at once every entry is written (as SQLite and memory stamp it)
         self._add_deliveries(w, ts_of, now if now is not None else time.time(), conversations)
         # B. a conversation's rows that do not fit in one batch with its head, then the heads
@@ -675,7 +660,7 @@ class CassandraViews:
             ],
         )
 
-    def _mailbox_rows(self, tenant: str, refs: MessageRefs) -> Iterable[tuple[PreparedStatement, tuple[Any, ...]]]:
+    def _mailbox_rows(self, tenant: str, refs: MessageRefs) -> Iterable[Row]:
         if self._mailbox_insert is not None and isinstance(self.mailbox, CassandraMailbox):
             return self.mailbox.rows(tenant, refs, self._mailbox_insert)  # this keyspace's table: round A
         self.mailbox.write(tenant, refs)  # another store: written (and flushed) before round A
