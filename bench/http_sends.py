@@ -30,10 +30,10 @@ switches, and per thread (the event loop `MainThread`, the sends' `fanout-comman
 executor `fanout-api`, the embedded `fanout-projector`). On a shared machine the rates move
 with the other load; the CPU per send moves much less. Prints numbers; asserts nothing.
 
---profile DIR runs the (embedded) server under cProfile, timed by each thread's CPU time (so
-waiting for a lock or on epoll counts nothing), one profiler per thread (the event loop and the
-executor's threads; not the projector's or the command lane's, which exist before profiling
-starts), only while the sends run, and writes DIR/<thread>.prof plus the top functions of each
+--profile DIR runs the server under cProfile, timed by each thread's CPU time (so waiting for a
+lock or on epoll counts nothing), one profiler per thread (the event loop, the executor's
+threads and the sends' lane; not the embedded projector's or the distributed runtime's own
+threads, which exist before profiling starts), only while the sends run, and writes DIR/<thread>.prof plus the top functions of each
 to the server's log (kept); the profiler slows the server down several times, so its rates
 are not the bench's.
 """
@@ -384,10 +384,10 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=4, help="distributed: partitions of the bench's topic")
     ap.add_argument("--source", metavar="TREE", help="run `fanout serve` from this source tree, "
                     "e.g. a copy of the code before a change, for before/after runs (default: this one)")  # fmt: skip
-    ap.add_argument("--profile", metavar="DIR", help="embedded: the server under cProfile while the sends run")
+    ap.add_argument("--profile", metavar="DIR", help="the server under cProfile while the sends run")
     args = ap.parse_args()
-    if args.profile and args.runtime != "embedded":
-        ap.error("--profile goes with the embedded runtime")
+    if args.profile and args.runtime == "both":
+        ap.error("--profile goes with one runtime")
     exit_on_sigterm()
     if args.in_process:
         in_process(args)
@@ -490,8 +490,29 @@ def harness_serve(argv: list[str]) -> int:
             enable_here()
         original_run(self)
 
+    try:
+        from api.commands import CommandLane
+    except ImportError:  # a tree from before the lane (--source)
+        CommandLane = None  # type: ignore[assignment,misc]  # noqa: N806
+    original_call = CommandLane.call if CommandLane is not None else None
+
+    def in_lane(fn: Any) -> Any:
+        def first_enables(*args: Any, **kwargs: Any) -> Any:
+            if state["on"] and threading.get_ident() in pending:
+                pending.discard(threading.get_ident())
+                enable_here()
+            return fn(*args, **kwargs)
+
+        return first_enables
+
+    async def call(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        assert original_call is not None
+        return await original_call(self, in_lane(fn), *args, **kwargs)
+
     if profile_dir is not None:
         cft._WorkItem.run = run  # type: ignore[method-assign]
+        if CommandLane is not None:
+            CommandLane.call = call  # type: ignore[method-assign]
     signal.signal(signal.SIGUSR1, on_signal)
     return cli_main(argv)
 
