@@ -183,8 +183,9 @@ def _run(
 
     from fanout.application import FanoutApplication
     from fanout.event_store import EventStoreUnavailable, check_event_store
+    from projections.capacity import ReviewTrigger
     from projections.delivery import Delivered
-    from projections.hosting import Effect
+    from projections.hosting import Effect, ViewsTracked
     from streams.kafka_health import process_health
     from streams.pushes import PushPublisher, ensure_topic, pushes_topic
     from streams.records import EventRecord
@@ -225,9 +226,9 @@ def _run(
 
     def on_effects(effects: Sequence[Effect]) -> None:
         """After a unit of work committed: the pushes (invariant O), then the reviews."""
-        publisher.publish(e for e in effects if isinstance(e, Delivered))
+        publisher.publish(e for e in effects if isinstance(e, Delivered | ViewsTracked))
         for t in effects:
-            if isinstance(t, Delivered):
+            if not isinstance(t, ReviewTrigger):
                 continue
             try:
                 app.open_review(

@@ -30,9 +30,9 @@ from fanout.push import PushHub
 from fanout.queries import Queries
 from fanout.runtime import Runtime, ViewReads
 from fanout.urls import CassandraSettings, KafkaSettings, cassandra_settings, kafka_settings, postgres_env
-from projections.capacity import CapacityProjection
+from projections.capacity import CapacityProjection, ReviewTrigger
 from projections.delivery import Delivered
-from projections.hosting import PROJECTIONS, Effect
+from projections.hosting import PROJECTIONS, Effect, ViewsTracked
 from projections.ports import MailboxStore, ViewStore
 from streams.embedded import EmbeddedRunner
 from streams.routing import conversation_partition
@@ -257,7 +257,7 @@ class EmbeddedRuntime:
                 if isinstance(effect, Delivered):
                     pushes = self.hub.deliver(effect)
                     self.views.record_pushes(effect.tenant, effect.conversation_id, effect.seq, pushes)
-                else:
+                elif isinstance(effect, ReviewTrigger):
                     t = effect
                     self.app.open_review(
                         t.tenant, t.size_bucket, t.trigger, t.details, "capacity-monitor", review_key=t.review_key
@@ -392,7 +392,9 @@ class KafkaEngines:
                 self._consumer.close()
                 self._consumer = None
 
-    def subscribe_pushes(self, callback: Callable[[Delivered], None]) -> Closeable:
+    def subscribe_pushes(
+        self, callback: Callable[[Delivered], None], on_tracked: Callable[[ViewsTracked], None] | None = None
+    ) -> Closeable:
         from confluent_kafka import KafkaException
 
         from streams.pushes import PushSubscriber, pushes_topic
@@ -400,7 +402,11 @@ class KafkaEngines:
         muted, self.health.muted = self.health.muted, True  # a start-up failure is one line (below)
         try:
             sub = PushSubscriber(
-                self.kafka.bootstrap, pushes_topic(self.kafka.topic), callback, on_beat=self.beats.seen
+                self.kafka.bootstrap,
+                pushes_topic(self.kafka.topic),
+                callback,
+                on_beat=self.beats.seen,
+                on_tracked=on_tracked,
             ).start()
         except KafkaException as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

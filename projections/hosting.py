@@ -5,7 +5,8 @@ A projection is `process(event, position, writer) -> effects`: it folds an event
 the views through the writer (idempotent upserts: a replayed event changes nothing) and
 returns plain, serialisable effect records for the host to act on AFTER the unit of
 work has committed: `Delivered` (online push, invariant O) and `ReviewTrigger` (open a
-review, ADR decision 3). `flush(writer)` ends each unit of work (state kept in memory
+review, ADR decision 3); a partitioned host adds `ViewsTracked` (the positions its commit
+left in the views, which the API replicas learn from it instead of polling). `flush(writer)` ends each unit of work (state kept in memory
 between events is written once per unit, not per event). `missing`/`load` split the
 blocking reads off `process` for hosts with an event loop; `forget` drops working sets
 when a partition is revoked. A host loops over
@@ -13,6 +14,8 @@ when a partition is revoked. A host loops over
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from domain.params import Parameters
@@ -21,7 +24,16 @@ from projections.capacity import CapacityProjection, ReviewTrigger
 from projections.delivery import Delivered, DeliveryProjection
 from projections.ports import ViewStore, ViewWriter
 
-Effect = Delivered | ReviewTrigger
+
+@dataclass(frozen=True)
+class ViewsTracked:
+    """After a unit of work committed: log partition -> the position the delivery views of
+    that partition now hold (what `ViewReader.position("delivery", partition)` reads)."""
+
+    positions: Mapping[int, int]
+
+
+Effect = Delivered | ReviewTrigger | ViewsTracked
 
 
 class Projection(Protocol):

@@ -15,6 +15,11 @@ event loop, with the partitions it holds): a replica counts the workers whose be
 restarted aborted the whole replica inside librdkafka (`rd_kafka_enq_once_del_source_return`
 assertion, rdkafka_admin.c "coordinator request"; docs/adr/0019-worker-heartbeats.md).
 
+And, after each unit of work, the positions it left in the views (`ViewsTracked`, kind
+"tracked"): a replica learns how far the views are from them instead of reading the tracking
+rows from Cassandra every few milliseconds (issue 12; the replica still reads them, slowly, in
+case a record is lost).
+
 confluent-kafka, plain threads: nothing here needs an event loop."""
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from projections.delivery import Delivered
+from projections.hosting import ViewsTracked
 
 log = logging.getLogger("fanout.pushes")
 # librdkafka's own lines of these clients (a broker down: one per attempt), as Python log
@@ -102,13 +108,20 @@ def encode_beat(b: WorkerBeat) -> bytes:
     return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
 
 
-def decode(value: bytes) -> Delivered | WorkerBeat:
-    """The Delivered or the WorkerBeat a record of the pushes topic holds; ValueError for
-    anything else."""
+def encode_tracked(t: ViewsTracked) -> bytes:
+    body = {"v": FORMAT, "kind": "tracked", "positions": {str(p): pos for p, pos in t.positions.items()}}
+    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+
+
+def decode(value: bytes) -> Delivered | WorkerBeat | ViewsTracked:
+    """The Delivered, WorkerBeat or ViewsTracked a record of the pushes topic holds;
+    ValueError for anything else."""
     try:
         body = json.loads(value)
         if body.get("v") != FORMAT:
             raise ValueError(f"push record format {body.get('v')!r}, expected {FORMAT}")
+        if body.get("kind") == "tracked":
+            return ViewsTracked({int(p): int(pos) for p, pos in body["positions"].items()})
         if body.get("kind") == "beat":
             return WorkerBeat(
                 worker=str(body["worker"]),
@@ -273,23 +286,23 @@ class PushPublisher:
             self.on_delivered(msg.timestamp()[1] / 1000.0)  # its create time, stamped by produce()
 
     def publish(self, effects: Iterable[Any]) -> int:
-        """Publish the Delivered among `effects`; returns how many were queued."""
+        """Publish the Delivered and ViewsTracked among `effects`; returns how many
+        Delivered were queued."""
         n = 0
         for d in effects:
-            if not isinstance(d, Delivered):
+            if isinstance(d, ViewsTracked):
+                key, value, report = b"tracked", encode_tracked(d), self._beat_report
+            elif isinstance(d, Delivered):
+                key, value, report = f"{d.tenant}/{d.conversation_id}".encode(), encode(d), self._report
+                n += 1
+            else:
                 continue
             while True:
                 try:
-                    self._producer.produce(
-                        self.topic,
-                        key=f"{d.tenant}/{d.conversation_id}".encode(),
-                        value=encode(d),
-                        on_delivery=self._report,
-                    )
+                    self._producer.produce(self.topic, key=key, value=value, on_delivery=report)
                     break
                 except BufferError:  # the local queue is full: let it drain
                     self._producer.poll(0.1)
-            n += 1
         self._producer.poll(0)
         self.published += n
         return n
@@ -331,12 +344,14 @@ class PushSubscriber:
         callback: Callable[[Delivered], Any],
         *,
         on_beat: Callable[[WorkerBeat, float], Any] | None = None,
+        on_tracked: Callable[[ViewsTracked], Any] | None = None,
         poll: float = 0.2,
     ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.callback = callback
         self.on_beat = on_beat  # (beat, seconds it waited in the topic before start)
+        self.on_tracked = on_tracked  # the positions a worker's commit left in the views
         self.poll = poll
         self._ends: dict[int, int] = {}  # partition -> its end offset at start
         self.received = 0
@@ -429,6 +444,13 @@ class PushSubscriber:
             return
         if before_start:
             return  # read back for the beats only: pushed before this replica held sockets
+        if isinstance(d, ViewsTracked):
+            if self.on_tracked is not None:
+                try:
+                    self.on_tracked(d)
+                except Exception:
+                    log.exception("push subscriber: the tracked-positions callback failed")
+            return
         self.received += 1
         try:
             self.callback(d)

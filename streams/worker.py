@@ -60,8 +60,9 @@ from domain.review import topics_of
 from projections import failpoints
 from projections.capacity import ReviewTrigger
 from projections.capacity_monitor import CapacityMonitor
+from projections.delivery import DeliveryProjection
 from projections.failures import Throttled, storage_failure
-from projections.hosting import Effect, Projection, build_projections, topics
+from projections.hosting import Effect, Projection, ViewsTracked, build_projections, topics
 from projections.ports import LogPosition, ViewStore
 from streams.log_reader import KafkaPartitionReader, LogGapUnreadable
 from streams.pushes import BEAT_INTERVAL, WorkerBeat, ensure_topic, partition_count, worker_id
@@ -375,7 +376,9 @@ class PartitionHost:
         s.units += 1
         s.entries += entries
         s.effects += len(effects)
-        if effects and self.on_effects is not None:
+        delivery = DeliveryProjection.name
+        effects.append(ViewsTracked({p: f.last[delivery] for p, f in folds.items() if delivery in f.last}))
+        if self.on_effects is not None:
             try:
                 self.on_effects(effects)
             except Exception:

@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 from adapters.memory import MemoryViews
 from fanout.urls import kafka_settings
 from projections.delivery import Delivered
+from projections.hosting import ViewsTracked
 from projections.sharding import shard_of
 from streams.pushes import (
     BEAT_LOOKBACK,
@@ -25,6 +26,7 @@ from streams.pushes import (
     decode,
     encode,
     encode_beat,
+    encode_tracked,
     ensure_topic,
     partition_count,
     pushes_topic,
@@ -89,6 +91,13 @@ def test_a_heartbeat_round_trips_and_is_not_a_push() -> None:
     beats = WorkerBeats()
     beats.seen(back)
     assert beats.counters() == {"w": {"units": 7, "fenced": 2}}
+
+
+def test_the_positions_a_commit_left_round_trip_and_are_not_a_push() -> None:
+    t = ViewsTracked({0: 17, 3: 2_000_000_001})
+    back = decode(encode_tracked(t))
+    assert back == t and isinstance(back, ViewsTracked) and not isinstance(back, Delivered)
+    assert all(isinstance(p, int) for p in back.positions)
 
 
 def test_a_worker_is_alive_until_it_misses_its_beats_or_leaves() -> None:

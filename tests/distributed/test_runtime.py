@@ -4,12 +4,14 @@ read back from Cassandra by the replica, with the same queries as the embedded r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from fanout import distributed
 from tests.distributed.cluster import Cluster, cluster_for
 
 T = "acme"
@@ -45,6 +47,23 @@ def test_a_send_reaches_every_mailbox_and_the_session_list(cluster: Cluster) -> 
         entries = rt.queries.mailbox(T, user, 0, 10)["entries"]
         assert [e["conversation_seq"] for e in entries] == [1], (user, entries)
     assert rt.queries.delivery(T, "g", 1)["materialized_at"] is not None
+
+
+def test_a_replica_learns_the_views_position_from_the_workers_commits_not_its_poll(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workers publish the positions each commit left (ViewsTracked): a replica whose
+    watcher reads the views once a minute still sees each send projected within seconds."""
+    monkeypatch.setattr(distributed, "WATCH_INTERVAL", 60.0)
+    rt = cluster.replica()  # its watcher reads the views at start, then not for a minute
+    rt.app.create_conversation(T, "g", "general", ["a", "b"])
+    for i in range(3):
+        sent = rt.app.send_message(T, "g", sender="a", text=f"m{i}")
+        started = time.monotonic()
+        assert rt.wait_until(sent["position"], timeout=10), cluster.log_of("worker")
+        assert time.monotonic() - started < 5.0
+        assert rt.queries.head(T, "g")["latest_conversation_seq"] == i + 1
+    assert len(rt._published) == rt.partitions  # every partition's position came from a worker
 
 
 def test_a_second_replica_reads_what_the_first_wrote(cluster: Cluster) -> None:
