@@ -140,6 +140,19 @@ async def remove_member(request: web.Request, who: Claims, data: None) -> web.Re
     return written(await blocking(request.app, rt.app.remove_member, who.tenant, cid, uid))
 
 
+def message_fields(m: schemas.SendMessage | schemas.BatchedMessage) -> dict[str, Any]:
+    """The send's arguments a message body carries (one send or one of a batch)."""
+    return {
+        "sender": m.sender,
+        "text": m.text,
+        "mentions": m.mentions,
+        "mention_all": m.mention_all,
+        "reply_to_seq": m.reply_to_seq,
+        "announcement": m.announcement,
+        "client_msg_id": m.client_msg_id,
+    }
+
+
 @endpoint(
     "Send a message",
     roles=SERVICE,
@@ -152,19 +165,7 @@ async def send_message(request: web.Request, who: Claims, data: schemas.SendMess
     rt = request.app[RUNTIME]
     cid = request.match_info["cid"]
     started = time.perf_counter()
-    result = await command(
-        request.app,
-        rt.app.send_message,
-        who.tenant,
-        cid,
-        sender=data.sender,
-        text=data.text,
-        mentions=data.mentions,
-        mention_all=data.mention_all,
-        reply_to_seq=data.reply_to_seq,
-        announcement=data.announcement,
-        client_msg_id=data.client_msg_id,
-    )
+    result = await command(request.app, rt.app.send_message, who.tenant, cid, **message_fields(data))
     request.app[METRICS].send_seconds.observe(time.perf_counter() - started)
     duplicate = bool(result.pop("duplicate", False))
     return written(result, status=200 if duplicate else 201)
@@ -202,17 +203,7 @@ def send_each(
     for i, m in enumerate(messages):
         started = time.perf_counter()
         try:
-            result = rt.app.send_message(
-                tenant,
-                m.conversation_id,
-                sender=m.sender,
-                text=m.text,
-                mentions=m.mentions,
-                mention_all=m.mention_all,
-                reply_to_seq=m.reply_to_seq,
-                announcement=m.announcement,
-                client_msg_id=m.client_msg_id,
-            )
+            result = rt.app.send_message(tenant, m.conversation_id, **message_fields(m))
         except FanoutError as error:
             if isinstance(error, ADMISSION):
                 metrics.rejected(error)
