@@ -871,7 +871,9 @@ def test_a_burst_of_notifications_is_relayed_in_few_transactions(
         )
         # at most one transaction per interval while the burst lasted (+1 for the tail, +1 for slack)
         assert transactions <= took / relay.relay.commit_interval + 2, (transactions, took)
-        assert transactions <= commits // 4, f"{commits} commits in {transactions} transactions"
+        # far fewer than the commits (54 of 400 in 2.3 s here; the bound above already implies
+        # it while commits come faster than two per interval, as 400 in under 4 s do)
+        assert transactions <= commits // 2, f"{commits} commits in {transactions} transactions"
         seen = read_topic(kafka)
         check_exactly_once(seen, store_positions(url), kafka.partitions)
         check_partition_order(seen, kafka.partitions)
