@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: install demo test test-fast lint typecheck bench serve clean \
-	install-distributed engines-up engines-down engines-check test-engine-restarts
+	install-distributed engines-up engines-down engines-check test-engine-restarts \
+	cluster-up cluster-down test-cluster
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -32,6 +33,14 @@ engines-up:
 
 engines-down:
 	infra/engines/down.sh
+
+# Three Cassandra 5.0 nodes and three Kafka 4.4 brokers on 127.0.0.2-127.0.0.4 plus a PostgreSQL of
+# their own (infra/cluster/, ADR-0027); URLs in $(FANOUT_CLUSTER_DIR)/cluster.env (/tmp/fanout-cluster).
+cluster-up: $(DIST_STAMP)
+	PY=$(BIN)/python infra/cluster/up.sh
+
+cluster-down:
+	infra/cluster/down.sh
 
 # up, smoke checks with the real clients, timings and RSS, down (always)
 engines-check: $(DIST_STAMP)

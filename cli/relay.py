@@ -156,6 +156,7 @@ def _run(args: argparse.Namespace, rdkafka: logging.Logger) -> int:
         topic=kafka.topic,
         partitions=kafka.partitions,
         replication=kafka.replication,
+        min_insync=kafka.min_insync,
         transactional_id=args.transactional_id,
         batch=args.batch,
         commit_interval=args.commit_interval_ms / 1000.0,

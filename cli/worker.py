@@ -209,12 +209,15 @@ def _run(
     views = _open_views(views_url, data_dir, params, kafka.partitions, closers)
     closers.append(views.close)
     try:
-        ensure_topic(kafka.bootstrap, kafka.topic, kafka.partitions, kafka.replication, timeout=15.0)
+        ensure_topic(
+            kafka.bootstrap, kafka.topic, kafka.partitions, kafka.replication, timeout=15.0, min_insync=kafka.min_insync
+        )
         publisher = PushPublisher(
             kafka.bootstrap,
             pushes_topic(kafka.topic),
             partitions=kafka.partitions,
             replication=kafka.replication,
+            min_insync=kafka.min_insync,
             on_delivered=health.reachable,  # a heartbeat acknowledged: Kafka answers
         )
     except KafkaException as exc:
@@ -246,6 +249,7 @@ def _run(
                 topic=kafka.topic,
                 partitions=kafka.partitions,
                 replication=kafka.replication,
+                min_insync=kafka.min_insync,
                 app_id=args.app_id,
                 web_port=args.web_port,
                 datadir=faust_dir,

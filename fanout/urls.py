@@ -2,8 +2,10 @@
 
 * `FANOUT_EVENT_STORE=postgresql://user[:password]@host:port/dbname[?schema=...&pool_size=...]`
   -> eventsourcing's environment for its PostgreSQL recorder;
-* `FANOUT_LOG=kafka://host:port[,host:port...][?topic=fanout.events&partitions=6&replication=1]`
-  -> the bootstrap servers and the event topic's name, partition count and replication;
+* `FANOUT_LOG=kafka://host:port[,host:port...][?topic=fanout.events&partitions=6&replication=1
+  &min_insync=N]` -> the bootstrap servers and the event topic's name, partition count,
+  replication and `min.insync.replicas` of the topics the processes create (absent: the
+  broker's default; a cluster: replication=3&min_insync=2). Producers always use acks=all;
 * `FANOUT_VIEWS=cassandra://host[:port][,host...]/keyspace[?replication=1&consistency=LOCAL_ONE
   &datacenter=datacenter1]` -> contact points, keyspace, replication factor and the
   consistency level of reads and writes (a cluster: replication=3&consistency=LOCAL_QUORUM).
@@ -86,13 +88,14 @@ class KafkaSettings:
     topic: str = "fanout.events"
     partitions: int = 6
     replication: int = 1
+    min_insync: int = 0  # min.insync.replicas of the topics we create; 0: the broker's default
 
 
 def kafka_settings(url: str, name: str = "FANOUT_LOG") -> KafkaSettings:
     u = urlsplit(url)
     if u.scheme != "kafka" or not u.netloc:
         raise UrlError(f"{name}={url!r}: expected kafka://host:port[,host:port]")
-    q = _query(u.query, {"topic", "partitions", "replication"}, name)
+    q = _query(u.query, {"topic", "partitions", "replication", "min_insync"}, name)
     topic = q.get("topic", "fanout.events")
     if not topic or len(topic) > 200 or not all(c.isalnum() or c in "._-" for c in topic):
         raise UrlError(f"{name}: topic={topic!r} is not a Kafka topic name")
@@ -101,7 +104,17 @@ def kafka_settings(url: str, name: str = "FANOUT_LOG") -> KafkaSettings:
         topic=topic,
         partitions=_int(q.get("partitions", "6"), "partitions", name),
         replication=_int(q.get("replication", "1"), "replication", name),
+        min_insync=_min_insync(q, name),
     )
+
+
+def _min_insync(q: dict[str, str], name: str) -> int:
+    if "min_insync" not in q:
+        return 0
+    v = _int(q["min_insync"], "min_insync", name)
+    if v > _int(q.get("replication", "1"), "replication", name):
+        raise UrlError(f"{name}: min_insync={v} is more than replication: no write could ever succeed")
+    return v
 
 
 # -- Cassandra ------------------------------------------------------------------------------

@@ -190,7 +190,9 @@ MAX_PUSH_BYTES = 32 * 1024 * 1024  # a 100k-member push with the member lists, w
 # -- topics -------------------------------------------------------------------------------
 
 
-def ensure_topic(bootstrap: str, topic: str, partitions: int, replication: int = 1, timeout: float = 30.0) -> bool:
+def ensure_topic(
+    bootstrap: str, topic: str, partitions: int, replication: int = 1, timeout: float = 30.0, min_insync: int = 0
+) -> bool:
     """Create `topic` unless it exists; returns whether it was created here. An existing
     topic is left as it is (its partition count included). Returns once every partition
     has a leader (or after `timeout`): a topic another process created a moment ago may not
@@ -203,7 +205,10 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, replication: int =
             topic,
             num_partitions=partitions,
             replication_factor=replication,
-            config={"max.message.bytes": str(MAX_PUSH_BYTES)},
+            config={
+                "max.message.bytes": str(MAX_PUSH_BYTES),
+                **({"min.insync.replicas": str(min_insync)} if min_insync > 0 else {}),
+            },
         )
         futures = admin.create_topics([new])
         try:
@@ -252,10 +257,11 @@ class PushPublisher:
         *,
         partitions: int = 1,
         replication: int = 1,
+        min_insync: int = 0,
         linger_ms: int = 2,
         on_delivered: Callable[[float], Any] | None = None,
     ) -> None:
-        ensure_topic(bootstrap, topic, partitions, replication)
+        ensure_topic(bootstrap, topic, partitions, replication, min_insync=min_insync)
         self.topic = topic
         self.on_delivered = on_delivered
         self.failed = 0

@@ -230,9 +230,17 @@ def _is_fenced(err: KafkaError | None) -> bool:
     return err is not None and (err.code() in _FENCED_CODES or "fenced" in str(err).lower())
 
 
-def ensure_topic(bootstrap: str, topic: str, partitions: int, replication: int, timeout: float = 15.0) -> int:
+def topic_config(config: dict[str, str], min_insync: int) -> dict[str, str]:
+    """`config` plus min.insync.replicas when `min_insync` > 0 (FANOUT_LOG's ?min_insync=)."""
+    return {**config, "min.insync.replicas": str(min_insync)} if min_insync > 0 else config
+
+
+def ensure_topic(
+    bootstrap: str, topic: str, partitions: int, replication: int, timeout: float = 15.0, min_insync: int = 0
+) -> int:
     """Create the topic if missing (idempotent: a racing creator is harmless) and return its
-    partition count as the cluster reports it (an existing topic keeps its own count)."""
+    partition count as the cluster reports it (an existing topic keeps its own count).
+    `min_insync` > 0 sets the new topic's min.insync.replicas (0: the broker's default)."""
     conf: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
         "socket.connection.setup.timeout.ms": int(timeout * 1000),
@@ -243,7 +251,7 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int, replication: int, 
         topic,
         num_partitions=partitions,
         replication_factor=replication,
-        config={"max.message.bytes": str(MAX_RECORD_BYTES)},
+        config=topic_config({"max.message.bytes": str(MAX_RECORD_BYTES)}, min_insync),
     )
     futures = admin.create_topics([new], operation_timeout=timeout, request_timeout=timeout)
     try:
@@ -433,6 +441,7 @@ class Relay:
         topic: str,
         partitions: int = 6,
         replication: int = 1,
+        min_insync: int = 0,
         transactional_id: str | None = None,
         batch: int = 500,
         commit_interval: float = 0.02,
@@ -454,6 +463,7 @@ class Relay:
         self.topic = topic
         self.partitions = partitions
         self.replication = replication
+        self.min_insync = min_insync
         self.transactional_id = transactional_id or transactional_id_for(topic)
         self.batch = batch
         self.commit_interval = commit_interval
@@ -479,7 +489,9 @@ class Relay:
     def start(self) -> int:
         """Create the topic if missing, take over the transactional id (fencing a previous
         instance, aborting its open transaction), and find the relayed position."""
-        self.partitions = ensure_topic(self.bootstrap, self.topic, self.partitions, self.replication)
+        self.partitions = ensure_topic(
+            self.bootstrap, self.topic, self.partitions, self.replication, min_insync=self.min_insync
+        )
         producer = Producer(
             {
                 "bootstrap.servers": self.bootstrap,

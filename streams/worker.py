@@ -318,6 +318,7 @@ class PartitionHost:
             checked[0] = now
             for partition, position in committed.items():
                 stored = self.views.log_position(partition) if position is not None else None
+                log.info("DEBUG recheck at %s: partition %s unit from %s, views at %s", step, partition, position, stored)
                 if stored is not None and position is not None and stored.position > position:
                     raise Fenced(
                         f"partition {partition}: another worker wrote its views up to position {stored.position} "
@@ -573,6 +574,7 @@ class WorkerSettings:
     topic: str  # the event topic
     partitions: int = 6  # of the event topic, when this worker creates it
     replication: int = 1
+    min_insync: int = 0  # min.insync.replicas of the event topic, when this worker creates it
     app_id: str | None = None  # the consumer group; default fanout-worker.<topic>
     web_port: int = 0  # Faust's web server on 127.0.0.1; 0: a free port
     datadir: Path | None = None  # Faust's data dir (nothing durable is kept there); default a temp dir
