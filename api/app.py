@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import socket
@@ -18,11 +19,24 @@ from aiohttp.typedefs import Handler
 from api.commands import CommandLane
 from api.endpoint import ADMIN, spec_of
 from api.errors import error_middleware
-from api.keys import COMMANDS, EXECUTOR, MAX_BODY_BYTES, MAX_CONNECTIONS, METRICS, RUNTIME, SECRET, SOCKETS, TOKENS
+from api.keys import (
+    COMMANDS,
+    EXECUTOR,
+    MAX_BODY_BYTES,
+    MAX_CONNECTIONS,
+    METRICS,
+    RUNTIME,
+    SECRET,
+    SOCKETS,
+    TOKENS,
+    WATCH,
+    blocking,
+)
 from api.metrics import Metrics
 from api.routes import setup_routes
 from api.ws import close_sockets
 from fanout.overload import fd_soft_limit, raise_fd_limit
+from fanout.rereview import INTERVAL, ReReviewWatch
 from fanout.runtime import Runtime
 from fanout.security import TokenVerifier
 from projections.failures import Throttled
@@ -43,6 +57,28 @@ async def executor_ctx(app: web.Application) -> AsyncIterator[None]:
     yield
     app[COMMANDS].close()
     app[EXECUTOR].shutdown(wait=True, cancel_futures=True)
+
+
+async def watch_ctx(app: web.Application) -> AsyncIterator[None]:
+    """ADR-0003's re-review conditions evaluated once a second (ADR-0026), off the event loop;
+    every API process does it, the memo's compare-and-set and the episode's review key keep
+    it to one review per episode."""
+
+    async def loop() -> None:
+        while True:
+            try:
+                await blocking(app, app[WATCH].evaluate)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                throttled("rereview", logging.WARNING, "re-review watch: %s: %s", type(exc).__name__, exc)
+            await asyncio.sleep(INTERVAL)
+
+    task = asyncio.get_running_loop().create_task(loop())
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 # Descriptors kept free of WebSockets: SQLite (3 per connection: pool, thread readers, writer,
@@ -107,10 +143,12 @@ def create_app(runtime: Runtime, secret: str, *, metrics: Metrics | None = None)
     app[SECRET] = secret
     app[TOKENS] = TokenVerifier(secret)
     app[METRICS] = metrics if metrics is not None else Metrics(runtime)
+    app[WATCH] = app[METRICS].watch = ReReviewWatch(runtime)
     app[SOCKETS] = weakref.WeakSet()
     app[MAX_CONNECTIONS] = connection_bound(runtime.params.max_connections)
     app.on_startup.append(quiet_accept_errors)
     app.cleanup_ctx.append(executor_ctx)
+    app.cleanup_ctx.append(watch_ctx)  # after the executor it runs on
     app.on_shutdown.append(close_sockets)
     setup_routes(app)
     return app

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from api.commands import CommandLane
 from api.metrics import Metrics
+from fanout.rereview import ReReviewWatch
 from fanout.runtime import Runtime
 from fanout.security import TokenVerifier
 
@@ -28,6 +29,7 @@ EXECUTOR = web.AppKey("executor", ThreadPoolExecutor)
 COMMANDS = web.AppKey("commands", CommandLane)  # the sends' thread (ADR-0024)
 SOCKETS = web.AppKey("sockets", weakref.WeakSet[web.WebSocketResponse])
 MAX_CONNECTIONS = web.AppKey("max_connections", int)  # open WebSockets (ADR-0010)
+WATCH = web.AppKey("rereview", ReReviewWatch)  # ADR-0003's re-review conditions (ADR-0026)
 
 
 async def blocking(app: web.Application, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from domain.errors import FanoutError
+from fanout.rereview import ReReviewWatch
 from fanout.runtime import Runtime
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -59,6 +60,7 @@ class Metrics:
         self, runtime: Runtime, *, alpha_refresh: float = 30.0, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.runtime = runtime
+        self.watch: ReReviewWatch | None = None  # set by create_app: the re-review conditions' series
         self.registry = CollectorRegistry()
         self.rejections = Counter(
             "fanout_admission_rejections",
@@ -85,6 +87,7 @@ class Metrics:
 
 class _RuntimeCollector:
     def __init__(self, metrics: Metrics, alpha_refresh: float, clock: Callable[[], float]) -> None:
+        self.metrics = metrics
         self.runtime = metrics.runtime
         self.alpha_refresh = alpha_refresh
         self.clock = clock
@@ -141,3 +144,49 @@ class _RuntimeCollector:
         )
         yield GaugeMetricFamily("fanout_online_connections", "Open WebSocket sessions", value=rt.hub.online_count())
         yield from host_counters(rt.host_counters())
+        yield from rereview_series(self.metrics.watch, rt)
+
+
+def rereview_series(watch: ReReviewWatch | None, rt: Runtime) -> Iterator[Metric]:
+    """ADR-0003's watched re-review conditions as the last evaluation saw them (ADR-0026)."""
+    seconds, entries = rt.mailbox_cost()
+    estimate = rt.params.mailbox_unit_cost_estimate_us
+    cost = GaugeMetricFamily(
+        "fanout_mailbox_unit_cost_us",
+        "The mailbox layer's unit cost: microseconds of the mailbox store's write per entry, since start "
+        "(re-review condition 4; the embedded runtime's own, the workers' on the distributed one)",
+    )
+    if seconds is not None and entries:
+        cost.add_metric([], seconds * 1e6 / entries)
+    yield cost
+    yield GaugeMetricFamily(
+        "fanout_mailbox_unit_cost_estimate_us",
+        "The initial estimate of that unit cost (FANOUT_MAILBOX_UNIT_COST_ESTIMATE_US); condition 4 is red above 3x",
+        value=estimate,
+    )
+    yield CounterMetricFamily(
+        "fanout_mailbox_entries_timed", "Mailbox entries whose write time the unit cost covers", value=entries
+    )
+    red = GaugeMetricFamily(
+        "fanout_rereview_condition_red",
+        "ADR-0003 re-review condition (1, 4, 7): 1 red, 0 green, absent while unknown (no data)",
+        labels=["condition"],
+    )
+    value = GaugeMetricFamily(
+        "fanout_rereview_condition_value",
+        "What the condition measures: (1) seconds T1/T2 have held, (4) unit cost in us, (7) large-bucket mean alpha",
+        labels=["condition"],
+    )
+    last = watch.last if watch is not None else None
+    for c in (last or {}).get("conditions", []):
+        if c["state"] != "unknown":
+            red.add_metric([str(c["condition"])], 1.0 if c["state"] == "red" else 0.0)
+        if c["value"] is not None:
+            value.add_metric([str(c["condition"])], float(c["value"]))
+    yield red
+    yield value
+    yield CounterMetricFamily(
+        "fanout_rereview_reviews",
+        "Reviews this process opened because a re-review condition turned red (one per episode)",
+        value=watch.opened if watch is not None else 0,
+    )

@@ -6,14 +6,19 @@ these; nothing here knows HTTP."""
 
 from __future__ import annotations
 
+import math
 import threading
 import weakref
 from typing import Any
 
 from api.metrics import capacity_rates
 from domain.errors import InvalidArgument, NotAMember, NotFound, Unavailable
+from domain.params import WritePolicy
+from domain.policy import TierTerms, alpha_of, decide, equivalent_threshold, read_diffusion_saving
+from domain.review import check_alpha_parameters
 from fanout.application import review_dict
 from fanout.runtime import Runtime
+from tools.analyze import alpha_report_of
 
 READ_THROUGH_TIMEOUT = 2.0
 REBUILD_TIMEOUT = 10.0
@@ -223,4 +228,91 @@ def projections(rt: Runtime) -> dict[str, Any]:
             }
             for (name, partition), position in sorted(positions.items())
         ],
+    }
+
+
+def finite(x: float | None) -> float | None:
+    return x if x is None or math.isfinite(x) else None
+
+
+def alpha(rt: Runtime, tenant: str, min_saving: float | None, max_active_ratio: float | None) -> dict[str, Any]:
+    """`fanout analyze alpha` for the tenant (tools/analyze.py alpha_report_of, the same
+    numbers), each conversation with its write_policy and when it last switched."""
+    if (min_saving is None) != (max_active_ratio is None):
+        raise InvalidArgument(
+            "give both read_diffusion_min_saving and read_diffusion_max_active_ratio, or neither",
+            field="read_diffusion_min_saving" if min_saving is None else "read_diffusion_max_active_ratio",
+        )
+    if min_saving is not None:
+        check_alpha_parameters(min_saving, max_active_ratio)
+    projected(rt)
+    report = alpha_report_of(
+        rt.views, rt.params, tenant=tenant, min_saving=min_saving, max_active_ratio=max_active_ratio
+    )
+    for bucket in report["buckets"]:
+        bucket["n_eq_at_mean_alpha"] = finite(bucket["n_eq_at_mean_alpha"])
+        for c in bucket["per_conversation"]:
+            if "n_eq" in c:
+                c["n_eq"] = finite(c["n_eq"])  # alpha 1: N_eq is infinite (JSON has no Infinity)
+            head = rt.views.head(tenant, c["conversation_id"]) or {}
+            c["write_policy"] = head.get("write_policy", WritePolicy.ALWAYS.value)
+            c["last_switch_at"] = rt.app.conversation(tenant, c["conversation_id"]).last_switch_at
+    return report
+
+
+def preview(rt: Runtime, tenant: str, review_id: str, min_saving: float, max_active_ratio: float) -> dict[str, Any]:
+    """What deciding this review enable_mention_only with these parameters would do now,
+    written nowhere: the tier decision's own rule (domain/policy.py `decide`) applied to each
+    conversation of the review's scope as the command side holds it (members, their activity,
+    the last switch), exactly as `decide_review` will evaluate them."""
+    check_alpha_parameters(min_saving, max_active_ratio)
+    r = rt.app.review(tenant, review_id)
+    bucket = r.size_bucket
+    terms = TierTerms(True, float(min_saving), float(max_active_ratio))
+    now = rt.app.clock()
+    projected(rt)  # the scope as the tier decision will list it
+    conversations: list[dict[str, Any]] = []
+    members_in_scope = 0
+    for cid in sorted(rt.views.heads_by_scope(tenant, bucket)):
+        conv = rt.app.conversation(tenant, cid)
+        n, a = alpha_of(conv.members.values(), now, rt.params.activity_window)
+        members_in_scope += n
+        switch = decide(conv.policy, terms, n, a, now, conv.last_switch_at, rt.params)
+        silent = n - round(a * n)
+        conversations.append(
+            {
+                "conversation_id": cid,
+                "members": n,
+                "alpha": a,
+                "write_policy": conv.write_policy,
+                "last_switch_at": conv.last_switch_at,
+                "n_eq": finite(equivalent_threshold(float(min_saving), a)),
+                "saving_per_message": read_diffusion_saving(n, a),
+                "switches": switch is not None and switch.to is WritePolicy.MENTION_ONLY,
+                "reason": switch.reason if switch is not None else None,
+                "members_estimated": silent,
+            }
+        )
+    switching = [c for c in conversations if c["switches"]]
+    window = rt.capacity()
+    scope_rate = dict(window.per_scope).get(f"{tenant}\x1f{bucket}", 0) / rt.params.capacity_window
+    saved_share = sum(c["saving_per_message"] for c in switching) / members_in_scope if members_in_scope else 0.0
+    return {
+        "review_id": review_id,
+        "tenant": tenant,
+        "size_bucket": bucket,
+        "read_diffusion_min_saving": float(min_saving),
+        "read_diffusion_max_active_ratio": float(max_active_ratio),
+        "at": now,
+        "conversations": conversations,
+        "switching": [c["conversation_id"] for c in switching],
+        "members_estimated_unread": sum(c["members_estimated"] for c in switching),
+        "saving_per_message": sum(c["saving_per_message"] for c in switching),
+        "scope_entries_per_sec": scope_rate,
+        "entries_per_sec_saved": scope_rate * saved_share,
+        "basis": (
+            "entries/s saved = the scope's entries/s over the capacity window x (sum of N x (1 - alpha) over the "
+            "conversations that switch) / (members of the scope's conversations): messages per member assumed "
+            "even across the scope"
+        ),
     }

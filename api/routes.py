@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from api import views
+from api import console, views
 from api.openapi import openapi_json
 from api.ws import websocket
 
@@ -33,6 +33,13 @@ def setup_routes(app: web.Application) -> None:
     r.add_post("/v1/admin/tiers/{size_bucket}/rollback", views.roll_back_tier)
     r.add_get("/v1/admin/capacity", views.get_capacity, allow_head=False)
     r.add_get("/v1/admin/projections", views.get_projections, allow_head=False)
+    r.add_get("/v1/admin/reviews/{review_id}/preview", views.preview_review, allow_head=False)
+    r.add_get("/v1/admin/alpha", views.get_alpha, allow_head=False)
+    r.add_get("/v1/admin/rereview", views.get_rereview, allow_head=False)
+    # the reviewer console: static files; it calls the admin routes above with the token it asks for
+    r.add_get("/console", console.console_redirect, allow_head=False)
+    r.add_get("/console/", console.console_page, allow_head=False)
+    r.add_get("/console/{asset}", console.console_asset, allow_head=False)
     # user role (acts as the token's sub)
     r.add_get("/v1/me/sessions", views.my_sessions, allow_head=False)
     r.add_get("/v1/me/mailbox", views.my_mailbox, allow_head=False)

@@ -120,6 +120,23 @@ class RollBackTier(Body):
     reason: Annotated[str, Field(min_length=1, max_length=1000)]
 
 
+class PreviewQuery(Query):
+    """The two parameters of enable_mention_only, as the decision would take them."""
+
+    read_diffusion_min_saving: float = Field(
+        description="a finite number > 0 (members x (1 - alpha) a conversation must save)"
+    )
+    read_diffusion_max_active_ratio: float = Field(description="a finite number in (0, 1] (alpha must be below it)")
+
+
+class AlphaQuery(Query):
+    """Thresholds to judge the enter criterion with (both or neither; neither: each tier's,
+    else the latest review decided with them), as `fanout analyze alpha` takes them."""
+
+    read_diffusion_min_saving: float | None = Field(None, description="a finite number > 0")
+    read_diffusion_max_active_ratio: float | None = Field(None, description="a finite number in (0, 1]")
+
+
 # -- user role ----------------------------------------------------------------
 
 

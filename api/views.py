@@ -13,15 +13,17 @@ from aiohttp import web
 from api import schemas
 from api.endpoint import ADMIN, SERVICE, USER, endpoint
 from api.errors import ADMISSION, error_item, json_response
-from api.keys import METRICS, RUNTIME, blocking, command
+from api.keys import METRICS, RUNTIME, WATCH, blocking, command
 from api.metrics import CONTENT_TYPE, Metrics
 from api.reads import (
     MIN_POSITION_HEADER,
     POSITION_HEADER,
+    alpha,
     capacity,
     delivery,
     fresh_read,
     history,
+    preview,
     projections,
     read_through,
     rebuild,
@@ -330,6 +332,54 @@ async def get_capacity(request: web.Request, who: Claims, data: schemas.FreshQue
 @endpoint("Each projector's position, the log position, lag and last error", roles=ADMIN)
 async def get_projections(request: web.Request, who: Claims, data: None) -> web.Response:
     return reply(await blocking(request.app, projections, request.app[RUNTIME]))
+
+
+@endpoint(
+    "Preview enable_mention_only for a review: what the decision would switch now (writes nothing)",
+    roles=ADMIN,
+    query=schemas.PreviewQuery,
+    description=(
+        "The tier decision's own rule (domain/policy.py decide) applied to every conversation of the review's "
+        "scope (tenant x size bucket) as the command side holds it: which would switch to mention_only now, "
+        "their N and alpha, the mailbox entries per message and per second it would save, and how many members "
+        "would get an estimated unread (the silent ones). The parameters are checked as the decision checks them."
+    ),
+)
+async def preview_review(request: web.Request, who: Claims, data: schemas.PreviewQuery) -> web.Response:
+    rt = request.app[RUNTIME]
+    rid = request.match_info["review_id"]
+    args = (rt, who.tenant, rid, data.read_diffusion_min_saving, data.read_diffusion_max_active_ratio)
+    return reply(await blocking(request.app, preview, *args))
+
+
+@endpoint(
+    "Alpha per size bucket and per conversation, with the enter criterion (fanout analyze alpha)",
+    roles=ADMIN,
+    query=schemas.AlphaQuery,
+    description=(
+        "The report of `fanout analyze alpha` for the token's tenant (the same code), each conversation with its "
+        "write_policy and last switch. Without thresholds, each bucket's tier's (else the latest review decided "
+        "with them) judge the criterion."
+    ),
+)
+async def get_alpha(request: web.Request, who: Claims, data: schemas.AlphaQuery) -> web.Response:
+    rt = request.app[RUNTIME]
+    args = (rt, who.tenant, data.read_diffusion_min_saving, data.read_diffusion_max_active_ratio)
+    return reply(await blocking(request.app, alpha, *args))
+
+
+@endpoint(
+    "ADR-0003's re-review conditions: the watched ones red or green with their data, the others as a checklist",
+    roles=ADMIN,
+    description=(
+        "Platform-wide, evaluated once a second by every API process (ADR-0026): (1) T1 or T2 firing without a "
+        "break for FANOUT_REREVIEW_HOLD (7d); (4) the mailbox layer's unit cost (microseconds of the mailbox "
+        "store's write per entry) above 3 x FANOUT_MAILBOX_UNIT_COST_ESTIMATE_US; (7) the large bucket's mean "
+        "alpha above FANOUT_REREVIEW_ALPHA_MAX (0.5). One that turns red opens one review per episode."
+    ),
+)
+async def get_rereview(request: web.Request, who: Claims, data: None) -> web.Response:
+    return reply(await blocking(request.app, request.app[WATCH].snapshot))
 
 
 # -- user role ------------------------------------------------------------------------

@@ -69,6 +69,13 @@ class Parameters:
     max_projection_lag_entries: int = 10_000_000
     # open WebSockets; more are answered ERROR{UNAVAILABLE} and closed (1013)
     max_connections: int = 10_000
+    # ADR-0003's re-review conditions watched (ADR-0026): (1) T1 or T2 firing this long without
+    # a break; (4) the initial estimate of the mailbox layer's unit cost, microseconds of the
+    # mailbox store's write per entry (1 / mailbox_write_budget: 400k entries/s -> 2.5 us);
+    # (7) the large bucket's mean alpha above this is "far from the assumption"
+    rereview_hold: float = 7 * DAY
+    mailbox_unit_cost_estimate_us: float = 2.5
+    rereview_alpha_max: float = 0.5
 
     def size_bucket(self, member_count: int) -> SizeBucket:
         if member_count <= self.small_max_members:

@@ -17,11 +17,25 @@ from domain.params import SizeBucket
 _NS = UUID("c3a1f0e2-7b9d-4e11-a2c4-5d6e7f809a1b")
 
 TRIGGERS = ("manual", "T1", "T2")
+# Opened by the re-review watch (domain/rereview.py, ADR-0026), never by a caller of the API.
+WATCH_TRIGGERS = ("rereview_1", "rereview_4", "rereview_7")
 DECISIONS = ("enable_mention_only", "scale_out", "rate_limit", "no_action")
 
 
 def _finite(x: Any) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def check_alpha_parameters(min_saving: Any, max_active_ratio: Any) -> None:
+    """The two parameters of enable_mention_only (a decision, or its preview)."""
+    # Finite too: an Infinity would be stored in the log and make every JSON of it invalid.
+    if not (_finite(min_saving) and min_saving > 0):
+        raise InvalidArgument("read_diffusion_min_saving must be a finite number > 0", field="read_diffusion_min_saving")
+    if not (_finite(max_active_ratio) and 0 < max_active_ratio <= 1):
+        raise InvalidArgument(
+            "read_diffusion_max_active_ratio must be a finite number in (0, 1]",
+            field="read_diffusion_max_active_ratio",
+        )
 
 
 class Review(Aggregate):
@@ -60,7 +74,7 @@ class Review(Aggregate):
         at: float,
         review_key: str | None = None,
     ) -> None:
-        if trigger not in TRIGGERS:
+        if trigger not in TRIGGERS and trigger not in WATCH_TRIGGERS:
             raise InvalidArgument(f"trigger must be one of {TRIGGERS}", field="trigger")
         SizeBucket(size_bucket)
         self.tenant = tenant
@@ -95,16 +109,7 @@ class Review(Aggregate):
                     "enable_mention_only needs read_diffusion_min_saving and read_diffusion_max_active_ratio",
                     field="decision",
                 )
-            # Finite too: an Infinity would be stored in the log and make every JSON of it invalid.
-            if not (_finite(read_diffusion_min_saving) and read_diffusion_min_saving > 0):
-                raise InvalidArgument(
-                    "read_diffusion_min_saving must be a finite number > 0", field="read_diffusion_min_saving"
-                )
-            if not (_finite(read_diffusion_max_active_ratio) and 0 < read_diffusion_max_active_ratio <= 1):
-                raise InvalidArgument(
-                    "read_diffusion_max_active_ratio must be a finite number in (0, 1]",
-                    field="read_diffusion_max_active_ratio",
-                )
+            check_alpha_parameters(read_diffusion_min_saving, read_diffusion_max_active_ratio)
             params = {
                 "read_diffusion_min_saving": float(read_diffusion_min_saving),
                 "read_diffusion_max_active_ratio": float(read_diffusion_max_active_ratio),

@@ -28,6 +28,7 @@ from fanout.distributed import Closeable, DistributedRuntime
 from fanout.overload import Backpressure
 from fanout.push import PushHub
 from fanout.queries import Queries
+from fanout.rereview import MailboxMeter
 from fanout.runtime import Runtime, ViewReads
 from fanout.urls import CassandraSettings, KafkaSettings, cassandra_settings, kafka_settings, postgres_env
 from projections.capacity import CapacityProjection, ReviewTrigger
@@ -189,8 +190,11 @@ def bootstrap(
         data_lock.acquire()
     built: ViewStore | None = None
     try:
+        meter: MailboxMeter | None = None
         if views is None:
-            views = built = open_views(data_dir, params.mailbox_shards, mailbox=mailbox)
+            # the mailbox layer's write time per entry: re-review condition 4 (ADR-0026)
+            meter = MailboxMeter(open_mailbox(data_dir, params.mailbox_shards) if mailbox is None else mailbox)
+            views = built = open_views(data_dir, params.mailbox_shards, mailbox=meter)
         return EmbeddedRuntime(
             data_dir,
             params,
@@ -198,6 +202,7 @@ def bootstrap(
             sqlite_event_store(data_dir) if event_store_env is None else event_store_env,
             clock=clock,
             lock=data_lock,
+            meter=meter,
         )
     except BaseException:
         if built is not None:
@@ -221,8 +226,10 @@ class EmbeddedRuntime:
         *,
         clock: Callable[[], float] = time.time,
         lock: DataDirLock | None = None,
+        meter: MailboxMeter | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.meter = meter
         self.params = params
         self.clock = clock
         self._lock = lock
@@ -313,6 +320,11 @@ class EmbeddedRuntime:
 
     def check(self) -> dict[str, Any]:
         return {}
+
+    def mailbox_cost(self) -> tuple[float | None, int]:
+        if self.meter is None:  # views handed in by a caller: their mailbox is not timed
+            return None, 0
+        return self.meter.seconds, self.meter.entries
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -464,7 +476,7 @@ def open_cassandra_views(settings: CassandraSettings, *, partitions: int) -> Cas
     from adapters.cassandra_mailbox import CassandraMailbox
     from adapters.cassandra_views import CassandraViews
 
-    mailbox = CassandraMailbox.from_settings(settings)
+    mailbox = MailboxMeter(CassandraMailbox.from_settings(settings))  # timed: re-review condition 4 (ADR-0026)
     try:
         return CassandraViews.from_settings(settings, mailbox, partitions=partitions)
     except BaseException:

@@ -122,6 +122,9 @@ _PARAMS: dict[str, tuple[Callable[[str], Any], Callable[[Any], dict[str, Any]]]]
     "MAX_PROJECTION_LAG_EVENTS": (_positive_int, lambda v: {"max_projection_lag_events": v}),
     "MAX_PROJECTION_LAG_ENTRIES": (_positive_int, lambda v: {"max_projection_lag_entries": v}),
     "MAX_CONNECTIONS": (_positive_int, lambda v: {"max_connections": v}),
+    "REREVIEW_HOLD": (parse_duration, lambda v: {"rereview_hold": v}),
+    "MAILBOX_UNIT_COST_ESTIMATE_US": (_positive_float, lambda v: {"mailbox_unit_cost_estimate_us": v}),
+    "REREVIEW_ALPHA_MAX": (_ratio, lambda v: {"rereview_alpha_max": v}),
 }
 
 

@@ -287,6 +287,13 @@ class DistributedRuntime:
     def capacity(self) -> CapacityProjection:
         return platform_window(self.params, self.views, self.partitions)
 
+    def mailbox_cost(self) -> tuple[float | None, int]:
+        """The workers write the mailbox: their heartbeats' totals (ADR-0026), None when none reports them."""
+        counters = [c for c in self.host_counters().values() if "mailbox_write_us" in c]
+        if not counters:
+            return None, 0
+        return sum(c["mailbox_write_us"] for c in counters) / 1e6, sum(c.get("mailbox_entries", 0) for c in counters)
+
     def start(self) -> Self:
         if self.running:
             return self

@@ -27,6 +27,7 @@ class Runtime(Protocol):
     hub: PushHub  # the online devices (WebSockets), pushed to after a commit (invariant O)
     backpressure: Backpressure  # refuses writes the read side cannot keep up with (ADR-0010)
     review_triggers: int  # reviews opened by T1/T2 since start
+    views: ViewStore  # the views the queries read (the re-review watch keeps its memo there)
 
     # -- the projectors ---------------------------------------------------------
 
@@ -76,6 +77,11 @@ class Runtime(Protocol):
 
     def capacity(self) -> CapacityProjection:
         """The live capacity window (T1/T2): rates() and firing."""
+
+    def mailbox_cost(self) -> tuple[float | None, int]:
+        """(seconds the mailbox store's writes took, entries they wrote) since start: the
+        mailbox layer's unit cost of re-review condition 4 (ADR-0026); None when this
+        process neither writes the mailbox nor hears from the writers."""
 
     def check(self) -> dict[str, Any]:
         """What /readyz reports beyond the projectors: each engine the runtime depends on

@@ -659,6 +659,12 @@ class ProjectionWorker:
             "heals": st.heals,
             "reread": st.reread,
         }
+        # The mailbox layer's write time per entry (re-review condition 4, ADR-0026), when the
+        # composition root timed the views' mailbox store (fanout.rereview.MailboxMeter).
+        meter: Any = getattr(self.host.views, "mailbox", None)
+        if hasattr(meter, "seconds") and hasattr(meter, "entries"):
+            counters["mailbox_write_us"] = int(meter.seconds * 1e6)
+            counters["mailbox_entries"] = int(meter.entries)
         b = WorkerBeat(self.worker_id, tuple(sorted(self.assigned)), time.time(), BEAT_INTERVAL, leaving, counters)
         if self._beat is not None:
             try:

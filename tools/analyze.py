@@ -21,7 +21,7 @@ from fanout.bootstrap import open_views_only
 from fanout.config import Settings, is_distributed
 from fanout.queries import Queries
 from projections.capacity import CapacityProjection
-from projections.ports import ViewStore
+from projections.ports import ViewReader, ViewStore
 
 
 class AnalyzeError(RuntimeError):
@@ -50,7 +50,7 @@ class Terms:
     source: str  # "given" or "tier <review id>"
 
 
-def _tier_terms(views: ViewStore, tenant: str, bucket: str) -> Terms | None:
+def _tier_terms(views: ViewReader, tenant: str, bucket: str) -> Terms | None:
     body = views.tier(str(Tier.create_id(tenant, bucket)))
     if body is None or not body.get("enabled"):
         return None
@@ -61,7 +61,7 @@ def _tier_terms(views: ViewStore, tenant: str, bucket: str) -> Terms | None:
     )
 
 
-def _review_terms(views: ViewStore, tenant: str, bucket: str) -> Terms | None:
+def _review_terms(views: ViewReader, tenant: str, bucket: str) -> Terms | None:
     """The latest review of tenant x bucket decided with the two alpha parameters (its
     tier was since rolled back, or the review's tier is not enabled yet)."""
     found: Terms | None = None
@@ -95,28 +95,44 @@ def alpha_report(
     their total saving N x (1 - alpha), and N_eq at the bucket's mean alpha."""
     if (min_saving is None) != (max_active_ratio is None):
         raise AnalyzeError("give both --min-saving and --max-active-ratio, or neither (then each tier's are used)")
-    now = time.time() if now is None else now
     views = open_views(data_dir, settings)
     try:
-        q = Queries(views, params)
-        tenants = [tenant] if tenant else views.tenants()
-        given = Terms(min_saving, max_active_ratio, "given") if min_saving is not None else None  # type: ignore[arg-type]
-        buckets: dict[str, dict[str, Any]] = {
-            b.value: {"bucket": b.value, "conversations": [], "terms": set()} for b in SizeBucket
-        }
-        for t in tenants:
-            per_bucket = q.alpha_by_bucket(t, now=now)
-            for bucket, stats in per_bucket.items():
-                terms = given or _tier_terms(views, t, bucket) or _review_terms(views, t, bucket)
-                for c in stats["per_conversation"]:
-                    row = {"tenant": t, **c}
-                    if terms is not None:
-                        crit = q.criterion(c["members"], c["alpha"], terms.min_saving, terms.max_active_ratio)
-                        row.update(meets=crit["meets"], saving=crit["saving"], n_eq=crit["n_eq"])
-                        buckets[bucket]["terms"].add(terms)
-                    buckets[bucket]["conversations"].append(row)
+        return alpha_report_of(
+            views, params, tenant=tenant, min_saving=min_saving, max_active_ratio=max_active_ratio, now=now
+        )
     finally:
         views.close()
+
+
+def alpha_report_of(
+    views: ViewReader,
+    params: Parameters,
+    *,
+    tenant: str | None = None,
+    min_saving: float | None = None,
+    max_active_ratio: float | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """`alpha_report` over open views: also what the console's alpha chart draws
+    (GET /v1/admin/alpha), so the CLI and the console show the same numbers."""
+    now = time.time() if now is None else now
+    q = Queries(views, params)
+    tenants = [tenant] if tenant else views.tenants()
+    given = Terms(min_saving, max_active_ratio, "given") if min_saving is not None else None  # type: ignore[arg-type]
+    buckets: dict[str, dict[str, Any]] = {
+        b.value: {"bucket": b.value, "conversations": [], "terms": set()} for b in SizeBucket
+    }
+    for t in tenants:
+        per_bucket = q.alpha_by_bucket(t, now=now)
+        for bucket, stats in per_bucket.items():
+            terms = given or _tier_terms(views, t, bucket) or _review_terms(views, t, bucket)
+            for c in stats["per_conversation"]:
+                row = {"tenant": t, **c}
+                if terms is not None:
+                    crit = q.criterion(c["members"], c["alpha"], terms.min_saving, terms.max_active_ratio)
+                    row.update(meets=crit["meets"], saving=crit["saving"], n_eq=crit["n_eq"])
+                    buckets[bucket]["terms"].add(terms)
+                buckets[bucket]["conversations"].append(row)
     rows = []
     for bucket, b in buckets.items():
         convs = b["conversations"]

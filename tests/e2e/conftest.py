@@ -111,6 +111,9 @@ _SETTINGS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "max_projection_lag_events": ("MAX_PROJECTION_LAG_EVENTS", str),
     "max_projection_lag_entries": ("MAX_PROJECTION_LAG_ENTRIES", str),
     "max_connections": ("MAX_CONNECTIONS", str),
+    "rereview_hold": ("REREVIEW_HOLD", lambda v: f"{v!r}s"),
+    "mailbox_unit_cost_estimate_us": ("MAILBOX_UNIT_COST_ESTIMATE_US", repr),
+    "rereview_alpha_max": ("REREVIEW_ALPHA_MAX", repr),
 }
 _BUCKET_RATES = ("rate_small", "rate_medium", "rate_large")
 
