@@ -189,6 +189,7 @@ def capacity(rt: Runtime, tenant: str) -> dict[str, Any]:
     fanout_rate, large_rate = rates["fanout_entries_per_sec"], rates["large_group_entries_per_sec"]
     alpha = rt.queries.alpha_by_bucket(tenant)
     return {
+        "scopes": scopes(rt, tenant),
         # Entries/s and budgets are platform-wide (T1/T2 watch the platform); alpha is this tenant's.
         "window_s": p.capacity_window,
         "fanout_entries_per_sec": fanout_rate,
@@ -207,6 +208,25 @@ def capacity(rt: Runtime, tenant: str) -> dict[str, Any]:
             b: {k: v for k, v in summary.items() if k != "per_conversation"} for b, summary in alpha.items()
         },
     }
+
+
+def scopes(rt: Runtime, tenant: str) -> list[dict[str, Any]]:
+    """Who carries the window's entries/s: this tenant's size buckets, largest first, and
+    every other tenant as one line (another tenant's ids do not exist for an admin, ADR-0008)."""
+    w = rt.params.capacity_window
+    per = dict(rt.capacity().per_scope)
+    total = sum(per.values())
+    mine = sorted(
+        ((key.split("\x1f", 1)[1], n) for key, n in per.items() if key.split("\x1f", 1)[0] == tenant),
+        key=lambda x: -x[1],
+    )
+    out: list[dict[str, Any]] = [
+        {"tenant": tenant, "size_bucket": b, "entries_per_sec": n / w, "share": n / total} for b, n in mine
+    ]
+    others = total - sum(n for _, n in mine)
+    if others:
+        out.append({"tenant": None, "size_bucket": None, "entries_per_sec": others / w, "share": others / total})
+    return out
 
 
 def projections(rt: Runtime) -> dict[str, Any]:
