@@ -6,7 +6,8 @@ start a process with FANOUT_FAILPOINTS naming the points and what happens there:
 
     FANOUT_FAILPOINTS="commit.heads=stop@MessageSent#2"
 
-* `stop`: the process stops itself with SIGSTOP (the test sends SIGCONT later), once.
+* `stop`: the process stops itself with SIGSTOP at that very step (the test sends SIGCONT
+  later), once.
 * `@label`: only where the caller's labels include it (the host labels a unit with the
   kinds of the events it applies: MessageSent, MembersJoined, ...); without it, any hit.
 * `#n`: at the n-th such hit (default the first).
@@ -18,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 from collections.abc import Iterable
 
 log = logging.getLogger("fanout.failpoints")
@@ -54,4 +56,8 @@ def hit(name: str, labels: Iterable[str] = ()) -> None:
         return
     log.warning("failpoint %s: %s (pid %d)", name, action, os.getpid())
     if action == "stop":
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # Directed at this thread, not the process: a process-directed SIGSTOP is taken by
+        # the main thread, and this one ran on (a Cassandra round, a whole commit) until the
+        # stop reached it, so the pause fell after the step it names. A signal to the calling
+        # thread is taken on the return from this call: the process stops right here.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
