@@ -134,6 +134,7 @@ def deployment(fresh_postgres: str, fresh_kafka: str, fresh_cassandra: str, tmp_
 def written(d: Deployment, seqs: range) -> dict[int, float]:
     """seq -> the fraction of the sample whose mailbox holds it (single-partition reads)."""
     mb: Any = d.rt.views.mailbox
+    mb = getattr(mb, "inner", mb)  # the Cassandra store under fanout.rereview.MailboxMeter
     args = [(T, u, 0, 2**62, 10_000) for u in d.sample]
     results = execute_concurrent_with_args(mb.session, mb._read, args, concurrency=50, raise_on_first_error=False)
     have: collections.Counter[int] = collections.Counter()
