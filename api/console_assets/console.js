@@ -171,17 +171,17 @@ function renderCapacity(cap) {
 }
 
 function drawCapacity(t1, t2) {
+  // log scale (as `fanout analyze capacity --png`): T1 and T2 are far apart, the load near one of them
   const chart = $("capacity-chart");
   const W = 640, H = 240, L = 60, R = 10, T = 10, B = 30;
-  const values = state.samples.flatMap((s) => [s.all, s.large]);
-  const top = Math.max(t1, t2, ...values, 1) * 1.15;
+  const positive = [t1, t2, ...state.samples.flatMap((s) => [s.all, s.large])].filter((v) => v > 0);
+  const lo = Math.log10(Math.min(...positive) / 3), hi = Math.log10(Math.max(...positive) * 3);
   const x = (i) => L + (i / Math.max(1, HISTORY - 1)) * (W - L - R);
-  const y = (v) => T + (1 - v / top) * (H - T - B);
+  const y = (v) => T + (1 - (Math.log10(Math.max(v, 10 ** lo)) - lo) / (hi - lo)) * (H - T - B);
   const kids = [svg("rect", { x: L, y: T, width: W - L - R, height: H - T - B, class: "plot" })];
-  for (let k = 0; k <= 4; k++) {
-    const v = (top * k) / 4;
-    kids.push(svg("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), class: "grid" }));
-    kids.push(svg("text", { x: L - 4, y: y(v) + 4, class: "axis end" }, num(v, 0)));
+  for (let e = Math.ceil(lo); e <= Math.floor(hi); e++) {
+    kids.push(svg("line", { x1: L, x2: W - R, y1: y(10 ** e), y2: y(10 ** e), class: "grid" }));
+    kids.push(svg("text", { x: L - 4, y: y(10 ** e) + 4, class: "axis end" }, num(10 ** e, 0)));
   }
   const line = (v, cls, label) => {
     kids.push(svg("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), class: cls }));
@@ -197,7 +197,7 @@ function drawCapacity(t1, t2) {
   };
   path("all", "series-all");
   path("large", "series-large");
-  kids.push(svg("text", { x: L, y: H - 8, class: "axis" }, "last " + HISTORY + " s: entries/s (blue), large-group entries/s (purple)"));
+  kids.push(svg("text", { x: L, y: H - 8, class: "axis" }, "last " + HISTORY + " polls (log scale): entries/s (blue), large-group entries/s (purple)"));
   chart.replaceChildren(...kids);
 }
 

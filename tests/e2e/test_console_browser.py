@@ -1,0 +1,191 @@
+"""The reviewer console in a real browser (Debian's chromium driven by Playwright), as a
+reviewer uses it, on the embedded runtime and on an API replica of the distributed one:
+refused with a user token, in with an admin token; load drives T1 over its line and its
+review appears with the evidence; bad form input is answered by the API's error in the page
+and writes nothing; the server's preview names the conversation that would switch; deciding
+switches it and the tiers show it; rollback returns it; re-review condition (1) turns red
+under a short FANOUT_REREVIEW_HOLD. Each step's screenshot goes to docs/console/ (from the
+embedded run).
+
+Chromium must start: when it cannot, these tests FAIL with the reason (never a skip);
+`make test` installs it with apt-get where it is missing (Makefile `browser`)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fanout.security import mint_token
+from tests.e2e.conftest import FAST, QUIET_GROUP, SECRET, Api, Server, conversation, expect
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
+
+# A 2 s capacity window and a platform budget of 20 entries/s (T1 at 14/s): a few sends of a
+# 10-member group put T1 over its line; re-review condition (1) after 4 s of T1 instead of 7 days.
+PARAMS = dataclasses.replace(
+    FAST, capacity_window=2.0, platform_fanout_budget=20.0, rereview_hold=4.0, fresh_read_timeout=10.0
+)
+STEP = 20_000  # ms: the longest a page element may take to show what the API says
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Any]:
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as pw:
+        try:
+            b = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        except Exception as exc:
+            pytest.fail(
+                f"chromium did not start ({CHROMIUM}; `make test` installs it with apt-get install chromium): {exc}",
+                pytrace=False,
+            )
+        try:
+            yield b
+        finally:
+            await b.close()
+
+
+async def load_until_t1(api: Api, tenant: str, cid: str, seconds: float) -> None:
+    """One message every 0.1 s from ann (alpha stays 1/10) for a whole capacity window and more."""
+    svc = api.service(tenant)
+    deadline = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < deadline:
+        i += 1
+        expect(await svc.send(cid, sender="ann", text=f"load {i}"), 201)
+        await asyncio.sleep(0.1)
+
+
+async def test_a_reviewer_takes_a_t1_review_from_evidence_to_rollback_in_the_browser(
+    api: Api, server: Server, browser: Any, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    shots = SHOTS if server.kind == "embedded" else tmp_path
+    shots.mkdir(parents=True, exist_ok=True)
+    tenant, cid = f"t-{uuid.uuid4().hex[:8]}", f"town-{uuid.uuid4().hex[:6]}"
+    svc = await conversation(api, tenant, cid, QUIET_GROUP)
+    context = await browser.new_context(viewport={"width": 1280, "height": 900})
+    page = await context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    try:
+        await page.goto(server.url + "/console/")
+
+        async def shot(name: str, selector: str | None = None) -> None:
+            target = page.locator(selector) if selector else page
+            await target.screenshot(path=str(shots / f"{name}.png"))
+
+        # 1. a user token is refused with the API's own error, and not kept
+        await page.fill("#token", mint_token(SECRET, tenant, "user", "ann"))
+        await page.click("#token-form button")
+        await page.wait_for_selector("#login-error:has-text('FORBIDDEN')", timeout=STEP)
+        assert await page.evaluate("sessionStorage.length") == 0
+        assert "token" not in page.url and "eyJ" not in page.url
+        await shot("1-refused-user-token", "#login")
+
+        # 2. an admin token opens the console; it is kept in sessionStorage only
+        admin_token = mint_token(SECRET, tenant, "admin", "rita-reviewer")
+        await page.fill("#token", admin_token)
+        await page.click("#token-form button")
+        await page.wait_for_selector("#app:not([hidden])", timeout=STEP)
+        assert await page.evaluate("Object.values(sessionStorage)") == [admin_token]
+        assert "eyJ" not in page.url
+
+        # 3. load: T1 fires and its review appears with the evidence
+        expect(await svc.send(cid, sender="ann", text="first"), 201)
+        await load_until_t1(api, tenant, cid, PARAMS.capacity_window + 1.0)
+        await page.wait_for_selector("#trigger-T1:has-text('FIRING')", timeout=STEP)
+        card = page.locator("form.review", has_text="(T1, small)")
+        await card.wait_for(timeout=STEP)
+        evidence = await card.locator("table.evidence").inner_text()
+        assert "rate at the time" in evidence and "window" in evidence and tenant in evidence
+        await shot("2-t1-review-with-evidence", "#capacity-section")
+        await shot("3-open-review", "#reviews-section")
+
+        # 4. bad input: the API's error is shown in the form, nothing is written (the review stays
+        # open, no tier changes; the log position is no witness here: the re-review watch may open
+        # its own review meanwhile)
+        admin = api.admin(tenant)
+        rid = await card.get_attribute("data-review-id")
+
+        async def nothing_written() -> None:
+            assert expect(await admin.review(str(rid)), 200)["status"] == "open"
+            assert all(t["state"] == "disabled" for t in expect(await admin.tiers(), 200)["tiers"])
+
+        await card.locator("select.decision").select_option("enable_mention_only")
+        await card.locator("input.min-saving").fill("1")
+        await card.locator("input.max-ratio").fill("2")
+        await card.locator("button.decide-button").click()
+        await card.locator(".form-error:has-text('INVALID_ARGUMENT')").wait_for(timeout=STEP)
+        assert "read_diffusion_max_active_ratio" in await card.locator(".form-error").inner_text()
+        await card.locator("input.max-ratio").fill("")
+        await card.locator("button.preview-button").click()
+        await card.locator(".form-error:has-text('INVALID_ARGUMENT')").wait_for(timeout=STEP)
+        await shot("4-bad-input-refused", f"#{await card.get_attribute('id')}")
+        await nothing_written()
+
+        # 5. the server's preview names the conversation that would switch
+        await card.locator("input.max-ratio").fill("0.9")
+        await card.locator("button.preview-button").click()
+        summary = card.locator(".preview-summary")
+        await summary.wait_for(timeout=STEP)
+        text = await summary.inner_text()
+        assert f"1 of 1 conversations would switch now: {cid}" in text and "9 members" in text
+        await shot("5-preview", f"#{await card.get_attribute('id')}")
+        await nothing_written()
+
+        # 6. enabling switches it: the tier shows it in mention_only
+        await card.locator("button.decide-button").click()
+        await page.wait_for_selector(f"#tiers .tier-conversations:has-text('{cid}')", timeout=STEP)
+        assert await page.locator("#tier-small").inner_text() == "enabled"
+        head = expect(await svc.call("GET", f"/v1/conversations/{cid}", params={"min_position": svc.seen.position}), 200)
+        assert head["write_policy"] == "mention_only"
+        await shot("6-enabled", "#tiers-section")
+
+        # 7. rollback, after a confirmation that says what it does
+        await page.locator("#tiers button.rollback").click()
+        confirm = await page.locator("#rollback-text").inner_text()
+        assert "return to always" in confirm and "NOT backfilled" in confirm
+        await page.fill("#rollback-reason", "browser test")
+        await shot("7-rollback-confirmation", "#tiers-section")
+        await page.click("#rollback-yes")
+        await page.wait_for_selector(f"#tiers-message:has-text('returned to always: {cid}')", timeout=STEP)
+        await page.wait_for_selector("#tier-small:has-text('disabled')", timeout=STEP)
+        await shot("8-rolled-back", "#tiers-section")
+
+        # 8. re-review condition (1): T1 has held for FANOUT_REREVIEW_HOLD -> red, and a review is opened
+        await page.wait_for_selector("#condition-1.red", timeout=STEP)
+        await page.locator("form.review", has_text="rereview_1").wait_for(timeout=STEP)
+        await shot("9-rereview-condition-1-red", "#rereview-section")
+        await page.locator("#alpha-refresh").click()
+        await page.locator(f"circle[data-cid='{cid}']").click()
+        await page.wait_for_selector(f"#alpha-point:has-text('{cid}')", timeout=STEP)
+        await shot("10-alpha", "#alpha-section")
+        await page.fill("#cost-cid", cid)
+        await page.fill("#cost-seq", "1")
+        await page.click("#cost-form button")
+        await page.wait_for_selector("#cost td:has-text('mailbox entries, O(N)')", timeout=STEP)
+        await shot("11-message-cost", "#cost-section")
+        assert not [e for e in errors if "Content Security Policy" in e], errors
+    finally:
+        await context.close()
+    print(f"browser story on {server.kind}: {time.monotonic() - started:.1f} s")
