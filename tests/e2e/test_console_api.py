@@ -54,7 +54,10 @@ async def test_a_preview_with_bad_parameters_is_invalid_argument_naming_the_fiel
     path = f"/v1/admin/reviews/{rid}/preview"
     for params, field in (
         ({"read_diffusion_min_saving": "-1", "read_diffusion_max_active_ratio": "0.5"}, "read_diffusion_min_saving"),
-        ({"read_diffusion_min_saving": "10", "read_diffusion_max_active_ratio": "2"}, "read_diffusion_max_active_ratio"),
+        (
+            {"read_diffusion_min_saving": "10", "read_diffusion_max_active_ratio": "2"},
+            "read_diffusion_max_active_ratio",
+        ),
         ({"read_diffusion_min_saving": "inf", "read_diffusion_max_active_ratio": "0.5"}, "read_diffusion_min_saving"),
     ):
         body = expect(await admin.call("GET", path, params=params), 400, "INVALID_ARGUMENT")
@@ -75,7 +78,9 @@ async def test_alpha_lists_every_conversation_with_its_policy_as_analyze_does(ap
     admin = api.admin(tenant)
     got = expect(
         await admin.call(
-            "GET", "/v1/admin/alpha", params={"read_diffusion_min_saving": "1", "read_diffusion_max_active_ratio": "0.9"}
+            "GET",
+            "/v1/admin/alpha",
+            params={"read_diffusion_min_saving": "1", "read_diffusion_max_active_ratio": "0.9"},
         ),
         200,
     )

@@ -157,7 +157,9 @@ async def test_a_reviewer_takes_a_t1_review_from_evidence_to_rollback_in_the_bro
         await card.locator("button.decide-button").click()
         await page.wait_for_selector(f"#tiers .tier-conversations:has-text('{cid}')", timeout=STEP)
         assert await page.locator("#tier-small").inner_text() == "enabled"
-        head = expect(await svc.call("GET", f"/v1/conversations/{cid}", params={"min_position": svc.seen.position}), 200)
+        head = expect(
+            await svc.call("GET", f"/v1/conversations/{cid}", params={"min_position": svc.seen.position}), 200
+        )
         assert head["write_policy"] == "mention_only"
         await shot("6-enabled", "#tiers-section")
 
