@@ -52,14 +52,19 @@ demo: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/fanout serve
 
-test: $(STAMP)
+# Debian's chromium for the reviewer console's browser tests, installed with apt-get where it is
+# missing (as infra/engines/postgres-up.sh installs PostgreSQL); the tests fail loudly without it.
+browser:
+	infra/browser/chromium-up.sh
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest
 
 # The crash tests that restart Kafka and Cassandra, alone (they are in `make test` too).
 test-engine-restarts: $(STAMP)
 	$(BIN)/python -m pytest -m engine_restart tests/distributed/test_crash.py
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) browser
 	$(BIN)/python -m pytest -m "not slow"
 
 lint: $(STAMP)
