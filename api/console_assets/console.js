@@ -15,7 +15,7 @@ const DECISIONS = [
 ];
 
 const $ = (id) => document.getElementById(id);
-const state = { samples: [], openIds: "", timer: null, tiers: [], polling: false };
+const state = { samples: [], timer: null, tiers: [], polling: false };
 
 class ApiError extends Error {
   constructor(status, body) {
@@ -211,10 +211,10 @@ function renderReviews(reviews) {
   const open = reviews.filter((r) => r.status === "open");
   const decided = reviews.filter((r) => r.status !== "open").sort((a, b) => (b.decided_at || 0) - (a.decided_at || 0));
   fill($("decided-reviews").tBodies[0], decided.map((r) => [short(r.review_id), r.size_bucket, r.trigger, r.decision, Object.entries(r.decision_params || {}).map(([k, v]) => k + "=" + v).join(", "), r.decided_by, when(r.decided_at)]));
-  const ids = open.map((r) => r.review_id).join(",");
-  if (ids === state.openIds) return; // keep what the reviewer is typing
-  state.openIds = ids;
-  $("open-reviews").replaceChildren(...(open.length ? open.map(reviewCard) : [el("p", { class: "note", id: "no-open-reviews" }, "No open review.")]));
+  // A card already shown is kept as it is (what the reviewer typed, the preview); new ones are added.
+  const shown = new Map([...$("open-reviews").querySelectorAll("form.review")].map((f) => [f.dataset.reviewId, f]));
+  const cards = open.sort((a, b) => a.opened_at - b.opened_at).map((r) => shown.get(r.review_id) || reviewCard(r));
+  $("open-reviews").replaceChildren(...(cards.length ? cards : [el("p", { class: "note", id: "no-open-reviews" }, "No open review.")]));
 }
 
 function evidence(r) {
@@ -256,7 +256,6 @@ function reviewCard(r) {
     }
     try {
       await api("POST", `/v1/admin/reviews/${r.review_id}/decision`, { body });
-      state.openIds = "";
       await poll();
       loadAlpha();
     } catch (e) { showError(err, e); }

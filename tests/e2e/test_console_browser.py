@@ -147,7 +147,8 @@ async def test_a_reviewer_takes_a_t1_review_from_evidence_to_rollback_in_the_bro
         await card.locator("input.max-ratio").fill("0.9")
         await card.locator("button.preview-button").click()
         summary = card.locator(".preview-summary")
-        await summary.wait_for(timeout=STEP)
+        await card.locator(".preview-summary, .form-error:not(:empty)").first.wait_for(timeout=STEP)
+        assert await summary.count() == 1, await card.locator(".form-error").inner_text()
         text = await summary.inner_text()
         assert f"1 of 1 conversations would switch now: {cid}" in text and "9 members" in text
         await shot("5-preview", f"#{await card.get_attribute('id')}")
