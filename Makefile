@@ -42,6 +42,13 @@ cluster-up: $(DIST_STAMP)
 cluster-down:
 	infra/cluster/down.sh
 
+# The node-loss tests on the three-node cluster (tests/cluster/): up, the tests, down (always).
+# FANOUT_CRASH_MEMBERS: the group's size (10,000 here; ADR-0027 says why not 100,000).
+test-cluster: $(DIST_STAMP)
+	PY=$(BIN)/python infra/cluster/up.sh
+	FANOUT_CRASH_MEMBERS=$${FANOUT_CRASH_MEMBERS:-10000} $(BIN)/python -m pytest -m cluster -s tests/cluster; \
+	  status=$$?; infra/cluster/down.sh; exit $$status
+
 # up, smoke checks with the real clients, timings and RSS, down (always)
 engines-check: $(DIST_STAMP)
 	PY=$(BIN)/python infra/engines/check.sh

@@ -239,9 +239,10 @@ def create_schema(session: Session, keyspace: str, replication: int, datacenter:
         raise RuntimeError(f"Cassandra: no schema agreement on keyspace {keyspace} within 60 s")
 
 
-def run(session: Session, statements: Iterable[tuple[Any, Any]]) -> None:
-    """Execute with at most IN_FLIGHT requests in the air; the first error raises."""
-    execute_concurrent(session, statements, concurrency=IN_FLIGHT, raise_on_first_error=True)
+def run(session: Session, statements: Iterable[tuple[Any, Any]], in_flight: int = IN_FLIGHT) -> None:
+    """Execute with at most `in_flight` requests in the air (FANOUT_VIEWS ?in_flight=, default
+    IN_FLIGHT); the first error raises."""
+    execute_concurrent(session, statements, concurrency=in_flight, raise_on_first_error=True)
 
 
 SizedRow = tuple[PreparedStatement, tuple[Any, ...], int]  # a statement, its values, its estimated bytes
@@ -436,11 +437,15 @@ class CassandraViews:
         *,
         partitions: int = 1,
         cluster: Cluster | None = None,
+        in_flight: int = IN_FLIGHT,
     ) -> None:
         """`session`: a connected session whose keyspace has the tables (`connect` makes
         both); `partitions`: the log's partition count (the low watermark is the minimum
-        over them); `cluster`: shut down by close() when this store opened it."""
+        over them); `cluster`: shut down by close() when this store opened it; `in_flight`:
+        requests in the air at once while a unit of work commits (ADR-0027: at RF 3 each
+        is three replicas' work, and too many time out in the replicas' queues)."""
         self.session = session
+        self.in_flight = in_flight
         self.keyspace = keyspace
         self.mailbox: MailboxStore = mailbox
         self.partitions = partitions
@@ -567,12 +572,13 @@ class CassandraViews:
         datacenter: str = "datacenter1",
         partitions: int = 1,
         reactor: str = "libev",
+        in_flight: int = IN_FLIGHT,
     ) -> CassandraViews:
         """Open a cluster, create the keyspace and the tables if absent."""
         cluster, session = open_cluster(hosts, port, datacenter, consistency, reactor)
         try:
             create_schema(session, keyspace, replication, datacenter, TABLES)
-            return cls(session, keyspace, mailbox, partitions=partitions, cluster=cluster)
+            return cls(session, keyspace, mailbox, partitions=partitions, cluster=cluster, in_flight=in_flight)
         except BaseException:
             cluster.shutdown()
             raise
@@ -590,6 +596,7 @@ class CassandraViews:
             consistency=settings.consistency,
             datacenter=settings.datacenter,
             partitions=partitions,
+            in_flight=getattr(settings, "in_flight", IN_FLIGHT),
         )
 
     # -- writing ---------------------------------------------------------------------
@@ -641,15 +648,15 @@ class CassandraViews:
             rows_a.append((ps["tier"], (ts_of("tier", tier_id), {k: json.dumps(v) for k, v in tier.items()}, tier_id)))
         for name, body in w.capacity.items():
             rows_a.append((ps["capacity"], (name, json.dumps(body), ts_of("capacity", name))))
-        run(self.session, grouped(rows_a, MEMBER_BATCH_ROWS, self.keyspace))
+        run(self.session, grouped(rows_a, MEMBER_BATCH_ROWS, self.keyspace), self.in_flight)
         # delivery records, materialized_at once every entry is written (as SQLite and memory stamp it)
         self._add_deliveries(w, ts_of, now if now is not None else time.time(), conversations)
         # B. a conversation's rows that do not fit in one batch with its head, then the heads
         early, final = _conversation_batches(conversations.values())
         w.step("rows")
-        run(self.session, early)
+        run(self.session, early, self.in_flight)
         w.step("heads")
-        run(self.session, final)
+        run(self.session, final, self.in_flight)
         w.step("tracking")
         run(
             self.session,

@@ -7,8 +7,9 @@
   replication and `min.insync.replicas` of the topics the processes create (absent: the
   broker's default; a cluster: replication=3&min_insync=2). Producers always use acks=all;
 * `FANOUT_VIEWS=cassandra://host[:port][,host...]/keyspace[?replication=1&consistency=LOCAL_ONE
-  &datacenter=datacenter1]` -> contact points, keyspace, replication factor and the
-  consistency level of reads and writes (a cluster: replication=3&consistency=LOCAL_QUORUM).
+  &datacenter=datacenter1&in_flight=200]` -> contact points, keyspace, replication factor, the
+  consistency level of reads and writes (a cluster: replication=3&consistency=LOCAL_QUORUM) and
+  the requests a unit of work keeps in the air at once (ADR-0027).
 
 A malformed URL stops start-up with a ConfigError naming the setting."""
 
@@ -130,6 +131,7 @@ class CassandraSettings:
     replication: int = 1
     consistency: str = "LOCAL_ONE"
     datacenter: str = "datacenter1"
+    in_flight: int = 200  # requests in the air while a unit of work commits (adapters.cassandra_views.IN_FLIGHT)
 
 
 def cassandra_settings(url: str, name: str = "FANOUT_VIEWS") -> CassandraSettings:
@@ -139,7 +141,7 @@ def cassandra_settings(url: str, name: str = "FANOUT_VIEWS") -> CassandraSetting
     keyspace = u.path.strip("/")
     if not keyspace or not keyspace.replace("_", "a").isalnum() or not keyspace[0].isalpha() or len(keyspace) > 48:
         raise UrlError(f"{name}={url!r}: name a keyspace (letters, digits, _; up to 48), e.g. cassandra://127.0.0.1:9042/fanout")
-    q = _query(u.query, {"replication", "consistency", "datacenter"}, name)
+    q = _query(u.query, {"replication", "consistency", "datacenter", "in_flight"}, name)
     hosts = _hosts(u.netloc, 9042, name)
     if len({p for _, p in hosts}) != 1:
         raise UrlError(f"{name}: every contact point must use the same port")
@@ -153,4 +155,5 @@ def cassandra_settings(url: str, name: str = "FANOUT_VIEWS") -> CassandraSetting
         replication=_int(q.get("replication", "1"), "replication", name),
         consistency=consistency,
         datacenter=q.get("datacenter", "datacenter1"),
+        in_flight=_int(q.get("in_flight", "200"), "in_flight", name),
     )

@@ -8,7 +8,7 @@
 # sync; then $FANOUT_CLUSTER_DIR/cluster.env gets the URLs:
 #   FANOUT_EVENT_STORE=postgresql://postgres@127.0.0.1:25432/fanout
 #   FANOUT_LOG=kafka://127.0.0.2:29092,127.0.0.3:29092,127.0.0.4:29092?replication=3&min_insync=2
-#   FANOUT_VIEWS=cassandra://127.0.0.2:29042,127.0.0.3:29042,127.0.0.4:29042/fanout?replication=3&consistency=LOCAL_QUORUM
+#   FANOUT_VIEWS=cassandra://127.0.0.2:29042,127.0.0.3:29042,127.0.0.4:29042/fanout?replication=3&consistency=LOCAL_QUORUM&in_flight=24
 # Idempotent (running nodes are reused). Prints how long start-up took. On a failure: the log
 # tails, everything stopped (FANOUT_ENGINES_KEEP_ON_FAILURE=1 keeps it), exit 1. Settings: lib.sh.
 set -euo pipefail
@@ -47,7 +47,7 @@ log "every process is up after $(since "$t0")s; checking replication"
 KAFKA="kafka://"; CASS="cassandra://"
 for h in "${CLUSTER_HOSTS[@]}"; do KAFKA+="$h:$K_PORT,"; CASS+="$h:$C_PORT,"; done
 KAFKA="${KAFKA%,}?partitions=${FANOUT_CLUSTER_PARTITIONS:-6}&replication=3&min_insync=2"
-CASS="${CASS%,}/fanout?replication=3&consistency=LOCAL_QUORUM"
+CASS="${CASS%,}/fanout?replication=3&consistency=LOCAL_QUORUM&in_flight=${FANOUT_CLUSTER_IN_FLIGHT:-24}"
 t1="$(now)"
 if ! "$PY" "$CLUSTER_HERE/check.py" "$KAFKA" "$CASS"; then stop_all; die "the replication check failed"; fi
 log "replication check passed in $(since "$t1")s"

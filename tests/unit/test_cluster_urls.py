@@ -7,7 +7,7 @@ import pytest
 from fanout.urls import UrlError, cassandra_settings, kafka_settings
 
 KAFKA = "kafka://127.0.0.2:29092,127.0.0.3:29092,127.0.0.4:29092?partitions=6&replication=3&min_insync=2"
-VIEWS = "cassandra://127.0.0.2:29042,127.0.0.3:29042,127.0.0.4:29042/fanout?replication=3&consistency=LOCAL_QUORUM"
+VIEWS = "cassandra://127.0.0.2:29042,127.0.0.3:29042,127.0.0.4:29042/fanout?replication=3&consistency=LOCAL_QUORUM&in_flight=24"
 
 
 def test_kafka_cluster_url() -> None:
@@ -27,4 +27,5 @@ def test_min_insync_above_replication_is_refused() -> None:
 def test_cassandra_cluster_url_names_every_contact_point() -> None:
     c = cassandra_settings(VIEWS)
     assert c.hosts == ("127.0.0.2", "127.0.0.3", "127.0.0.4")
-    assert (c.port, c.keyspace, c.replication, c.consistency) == (29042, "fanout", 3, "LOCAL_QUORUM")
+    assert (c.port, c.keyspace, c.replication, c.consistency, c.in_flight) == (29042, "fanout", 3, "LOCAL_QUORUM", 24)
+    assert cassandra_settings("cassandra://127.0.0.1:19042/ks").in_flight == 200
