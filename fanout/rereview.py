@@ -118,7 +118,7 @@ class ReReviewWatch:
             window = self.runtime.capacity()
             seconds, entries = self.runtime.mailbox_cost()
             alpha_mean, large = self.large_alpha(now)
-            measures = Measures(now, dict(window.firing), seconds, entries, alpha_mean, large)
+            measures = Measures(now, holding(window, now), seconds, entries, alpha_mean, large)
             store = self.runtime.views
             stored = store.capacity_state(WATCH_STATE)
             memo = stored or {}
@@ -160,6 +160,14 @@ class ReReviewWatch:
     def snapshot(self) -> dict[str, Any]:
         """The last evaluation (evaluating now when there is none yet)."""
         return self.last if self.last is not None else self.evaluate()
+
+
+def holding(window: CapacityProjection, now: float) -> dict[str, bool]:
+    """T1 / T2 firing now. The window is in event time: with no send for a whole window its
+    flags keep their last value although nothing is written, so a trigger holds only while
+    the window's last send is less than a window old (condition 1 counts load, not silence)."""
+    live = window.last_at is not None and now - window.last_at <= window.params.capacity_window
+    return {t: bool(window.firing.get(t)) and live for t in ("T1", "T2")}
 
 
 def scope_of(condition: int, window: CapacityProjection) -> tuple[str | None, str]:

@@ -97,14 +97,14 @@ class FakeRuntime:
 def test_two_watches_over_one_store_open_one_review_per_episode_scoped_to_the_dominant_tenant() -> None:
     views = MemoryViews()
     window = CapacityProjection(PARAMS)
-    window.observe(0.0, "acme", "small", 100, 1)
-    window.observe(0.5, "globex", "medium", 10, 2)
+    window.observe(999.0, "acme", "small", 100, 1)
+    window.observe(999.5, "globex", "medium", 10, 2)
     window.firing = {"T1": True}
     app = FakeApp()
     clock = [1000.0]
     watches = [ReReviewWatch(FakeRuntime(views, window, app), clock=lambda: clock[0]) for _ in range(2)]  # type: ignore[arg-type]
     for t in (1000.0, 1030.0, 1061.0, 1062.0, 1063.0):
-        clock[0] = t
+        clock[0] = window.last_at = t  # sends keep the window live
         for w in watches:
             w.evaluate()
     assert app.opened == [("acme", "small", "rereview_1", "rereview/1/1")]
@@ -114,7 +114,23 @@ def test_two_watches_over_one_store_open_one_review_per_episode_scoped_to_the_do
     watches[1].evaluate()
     window.firing = {"T1": True}
     for t in (1071.0, 1140.0):
-        clock[0] = t
+        clock[0] = window.last_at = t
         for w in watches:
             w.evaluate()
     assert [key for *_, key in app.opened] == ["rereview/1/1", "rereview/1/2"]
+
+
+def test_a_trigger_left_firing_by_a_window_with_no_sends_does_not_hold() -> None:
+    """The window is in event time: after the last send its flags stay as they were, but
+    nothing is written; condition 1 counts only while the window is live."""
+    views = MemoryViews()
+    window = CapacityProjection(PARAMS)
+    window.observe(0.0, "acme", "small", 100, 1)
+    window.firing = {"T1": True}
+    clock = [0.0]
+    watch = ReReviewWatch(FakeRuntime(views, window, FakeApp()), clock=lambda: clock[0])  # type: ignore[arg-type]
+    for t in (0.0, 30.0, 200.0):  # the last send at 0: live for one capacity window only
+        clock[0] = t
+        last = watch.evaluate()
+    assert last["conditions"][0]["state"] == "green"
+    assert last["conditions"][0]["details"]["firing"] == {"T1": False, "T2": False}
