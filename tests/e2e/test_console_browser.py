@@ -38,11 +38,12 @@ ARGS = [
 ]
 SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
 
-# A 2 s capacity window and a platform budget of 20 entries/s (T1 at 14/s): a few sends of a
-# 10-member group put T1 over its line; re-review condition (1) after 4 s of T1 instead of 7 days.
+# A 2 s capacity window and a platform budget of 20 entries/s (T1 at 14/s): ten sends a second to
+# a 10-member group hold T1 over its line; re-review condition (1) after 4 s of T1 instead of 7 days.
 PARAMS = dataclasses.replace(
     FAST, capacity_window=2.0, platform_fanout_budget=20.0, rereview_hold=4.0, fresh_read_timeout=10.0
 )
+BUSY_GROUP = [f"b{i}" for i in range(10)]
 STEP = 20_000  # ms: the longest a page element may take to show what the API says
 
 
@@ -64,14 +65,15 @@ async def browser() -> AsyncIterator[Any]:
             await b.close()
 
 
-async def load_until_t1(api: Api, tenant: str, cid: str, seconds: float) -> None:
-    """One message every 0.1 s from ann (alpha stays 1/10) for a whole capacity window and more."""
+async def keep_loading(api: Api, tenant: str, busy: str, stop: asyncio.Event) -> None:
+    """The load: one message every 0.1 s to a 10-member group whose members are all active
+    (alpha 1: it never meets the criterion, so enabling leaves its 10 entries a message),
+    100 entries/s against T1's 14 for as long as the test runs."""
     svc = api.service(tenant)
-    deadline = time.monotonic() + seconds
     i = 0
-    while time.monotonic() < deadline:
+    while not stop.is_set():
         i += 1
-        expect(await svc.send(cid, sender="ann", text=f"load {i}"), 201)
+        await svc.send(busy, sender="b0", text=f"load {i}")
         await asyncio.sleep(0.1)
 
 
@@ -82,7 +84,13 @@ async def test_a_reviewer_takes_a_t1_review_from_evidence_to_rollback_in_the_bro
     shots = SHOTS if server.kind == "embedded" else tmp_path
     shots.mkdir(parents=True, exist_ok=True)
     tenant, cid = f"t-{uuid.uuid4().hex[:8]}", f"town-{uuid.uuid4().hex[:6]}"
-    svc = await conversation(api, tenant, cid, QUIET_GROUP)
+    busy = f"team-{uuid.uuid4().hex[:6]}"
+    svc = await conversation(api, tenant, cid, QUIET_GROUP)  # only ann active: alpha 1/10
+    await conversation(api, tenant, busy, BUSY_GROUP)
+    for member in BUSY_GROUP:  # every member active: alpha 1
+        expect(await svc.send(busy, sender=member, text="here"), 201)
+    stop = asyncio.Event()
+    load: asyncio.Task[None] | None = None
     context = await browser.new_context(viewport={"width": 1280, "height": 900})
     page = await context.new_page()
     errors: list[str] = []
@@ -112,7 +120,7 @@ async def test_a_reviewer_takes_a_t1_review_from_evidence_to_rollback_in_the_bro
 
         # 3. load: T1 fires and its review appears with the evidence
         expect(await svc.send(cid, sender="ann", text="first"), 201)
-        await load_until_t1(api, tenant, cid, PARAMS.capacity_window + 1.0)
+        load = asyncio.create_task(keep_loading(api, tenant, busy, stop))
         await page.wait_for_selector("#trigger-T1:has-text('FIRING')", timeout=STEP)
         card = page.locator("form.review", has_text="(T1, small)")
         await card.wait_for(timeout=STEP)
@@ -150,7 +158,7 @@ async def test_a_reviewer_takes_a_t1_review_from_evidence_to_rollback_in_the_bro
         await card.locator(".preview-summary, .form-error:not(:empty)").first.wait_for(timeout=STEP)
         assert await summary.count() == 1, await card.locator(".form-error").inner_text()
         text = await summary.inner_text()
-        assert f"1 of 1 conversations would switch now: {cid}" in text and "9 members" in text
+        assert f"1 of 2 conversations would switch now: {cid}" in text and "9 members" in text
         await shot("5-preview", f"#{await card.get_attribute('id')}")
         await nothing_written()
 
@@ -190,5 +198,8 @@ async def test_a_reviewer_takes_a_t1_review_from_evidence_to_rollback_in_the_bro
         await shot("11-message-cost", "#cost-section")
         assert not [e for e in errors if "Content Security Policy" in e], errors
     finally:
+        stop.set()
+        if load is not None:
+            await load
         await context.close()
     print(f"browser story on {server.kind}: {time.monotonic() - started:.1f} s")
