@@ -101,7 +101,7 @@ def _params(config: str | None) -> Any:
 
 def _open_views(url: str, data_dir: str | None, params: Any, partitions: int, stack: list[Any]) -> Any:
     if url == "sqlite":
-        from fanout.bootstrap import DataDirLock, open_views
+        from fanout.bootstrap import DataDirLock, open_mailbox, open_views
 
         if not data_dir:
             raise WorkerError("FANOUT_VIEWS=sqlite needs --data-dir or FANOUT_DATA_DIR")
@@ -110,7 +110,9 @@ def _open_views(url: str, data_dir: str | None, params: Any, partitions: int, st
         lock = DataDirLock(path)
         lock.acquire()
         stack.append(lock.release)
-        return open_views(path, params.mailbox_shards)
+        from fanout.rereview import MailboxMeter
+
+        return open_views(path, params.mailbox_shards, mailbox=MailboxMeter(open_mailbox(path, params.mailbox_shards)))
     if url.startswith("cassandra://"):
         from fanout.urls import cassandra_settings
 
@@ -120,8 +122,11 @@ def _open_views(url: str, data_dir: str | None, params: Any, partitions: int, st
             from adapters.cassandra_views import CassandraViews
         except ImportError:
             raise WorkerError("FANOUT_VIEWS=cassandra://: the Cassandra views adapter is not in this build") from None
+        from fanout.rereview import MailboxMeter
+
         try:
-            mailbox = CassandraMailbox.from_settings(settings)
+            # timed: the mailbox layer's unit cost, in the heartbeats (re-review condition 4, ADR-0026)
+            mailbox = MailboxMeter(CassandraMailbox.from_settings(settings))
         except Exception as exc:
             raise WorkerError(f"FANOUT_VIEWS: Cassandra at {url} does not answer: {_line(exc)}") from None
         try:

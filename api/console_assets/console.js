@@ -393,8 +393,10 @@ function renderRereview(r) {
     if (c.condition === 4) return d.measured_here ? `${num(d.entries_measured, 0)} entries timed (judged from ${d.min_entries}); estimate ${d.estimate_us} us x ${d.factor}` : "not measured by this process";
     return `${d.conversations} large conversation(s)`;
   };
+  const unit = { 1: " s", 4: " us/entry", 7: "" };
+  const show = (c, v) => (v === null || v === undefined ? "-" : num(v, 3) + unit[c.condition]);
   fill($("rereview").tBodies[0], r.conditions.map((c) => [c.condition, c.title,
-    el("td", { class: c.state, id: "condition-" + c.condition }, c.state), num(c.value, 3), num(c.limit, 3), data(c)]));
+    el("td", { class: c.state, id: "condition-" + c.condition }, c.state), show(c, c.value), show(c, c.limit), data(c)]));
   $("checklist").replaceChildren(...r.checklist.map((c) => el("li", {}, el("input", { type: "checkbox", disabled: true }), ` (${c.condition}) ${c.text}: decided in ${c.where}`)));
 }
 
