@@ -71,6 +71,12 @@ class MailboxMeter(MailboxStore):
     def close(self) -> None:
         self.inner.close()
 
+    def __getattr__(self, name: str) -> Any:
+        """Anything else of the engine's store (its session, its path) as the store's own."""
+        if name == "inner":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
 
 class Watched(Protocol):
     """What the watch reads of a runtime (fanout.runtime.Runtime has all of it)."""
