@@ -197,9 +197,10 @@ async def test_a_reviewer_takes_a_t1_review_from_evidence_to_rollback_in_the_bro
         await page.wait_for_selector("#cost td:has-text('mailbox entries, O(N)')", timeout=STEP)
         await shot("11-message-cost", "#cost-section")
         assert not [e for e in errors if "Content Security Policy" in e], errors
-        # condition 4's measure: the mailbox writes timed where they happen (this process, or the workers)
+        # condition 4's measure: the mailbox writes are timed where they happen (this process, or the
+        # workers' heartbeats); 10-member groups write no fan-out big enough to judge the unit cost by
         four = expect(await admin.call("GET", "/v1/admin/rereview"), 200)["conditions"][1]
-        assert four["details"]["measured_here"] and four["details"]["entries_measured"] > 0, four
+        assert four["details"]["measured_here"] and four["state"] == "unknown", four
     finally:
         stop.set()
         if load is not None:

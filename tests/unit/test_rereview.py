@@ -134,3 +134,17 @@ def test_a_trigger_left_firing_by_a_window_with_no_sends_does_not_hold() -> None
         last = watch.evaluate()
     assert last["conditions"][0]["state"] == "green"
     assert last["conditions"][0]["details"]["firing"] == {"T1": False, "T2": False}
+
+
+def test_the_mailbox_meter_times_the_fan_out_writes_only_and_passes_everything_through() -> None:
+    from adapters.memory import MemoryMailbox
+    from fanout.rereview import MailboxMeter
+    from projections.ports import MessageRefs
+
+    meter = MailboxMeter(MemoryMailbox(), at_least=5)
+    small = MessageRefs("c", 1, 1, 0, {}, {0: ["a", "b"]})
+    big = MessageRefs("c", 2, 2, 0, {}, {0: [f"u{i}" for i in range(4)], 1: ["v", "w"]})
+    assert meter.write("acme", small) == 2 and (meter.seconds, meter.entries) == (0.0, 0)
+    assert meter.write("acme", big) == 6 and meter.entries == 6 and meter.seconds > 0
+    assert meter.count() == 8 and len(list(meter.all_entries())) == 8
+    assert meter._entries is meter.inner._entries  # type: ignore[attr-defined]  # any other attribute: the store's
