@@ -37,7 +37,7 @@ from projections.ports import StaleAside, StoreDiff
 # The tables each part of the views writes (the mailbox is a table of the keyspace here).
 PART_TABLES: dict[str, tuple[str, ...]] = {
     "mailbox": ("mailbox",),
-    "state": ("conversation_states", "user_states"),
+    "state": ("conversation_states", "user_states", "login_index"),
     "heads": (
         "heads",
         "heads_by_aggregate",

@@ -41,7 +41,7 @@ from adapters.cassandra_mailbox import INSERT_ENTRY, CassandraMailbox, Row, grou
 from adapters.cassandra_stamps import stamp
 from projections.ports import ALL_PARTS, LogPosition, MailboxEntry, MailboxStore, MessageRefs
 from projections.state import Session as LoginSession
-from projections.state import SessionHead, UserConversationState, sessions_by_two_reads
+from projections.state import SessionHead, SessionState, UserConversationState, sessions_by_two_reads
 
 BATCH_ROWS = 100  # rows per UNLOGGED batch
 MEMBER_BATCH_ROWS = 250  # rows per batch of round A (member-keyed rows: one partition each)
@@ -142,6 +142,10 @@ TABLES = [
     """CREATE TABLE IF NOT EXISTS {ks}.delivery_pushes (tenant text, conversation_id text, conversation_seq bigint,
     pusher text, pushes bigint,
     PRIMARY KEY ((tenant, conversation_id), conversation_seq, pusher)) WITH ID = {id}""",
+    # the login index (ADR-0028): a member's row of each conversation, in the hour of its last activity
+    """CREATE TABLE IF NOT EXISTS {ks}.login_index (tenant text, user_id text, bucket bigint, conversation_id text,
+    PRIMARY KEY ((tenant, user_id), bucket, conversation_id))
+    WITH CLUSTERING ORDER BY (bucket DESC, conversation_id ASC) AND ID = {id}""",
     # where each log partition's views stand: the position and the next Kafka offset to read
     """CREATE TABLE IF NOT EXISTS {ks}.log_positions (partition int, position bigint, next_offset bigint,
     PRIMARY KEY (partition)) WITH ID = {id}""",
@@ -318,6 +322,9 @@ class CassandraWriter:
         self.deliveries: dict[tuple[str, str, int], dict[str, Any]] = {}
         # (tenant, conversation_id, user_id) -> ("put", state) | ("gap", (delivered, skipping, gap_end)) | ("delete", None)
         self.states: dict[tuple[str, str, str], tuple[str, Any]] = {}
+        # the login index: (tenant, user_id, conversation_id) -> (the bucket its row goes to, or
+        # None; the buckets whose rows are deleted)
+        self.activity: dict[tuple[str, str, str], tuple[int | None, frozenset[int]]] = {}
         self.reviews: dict[str, dict[str, Any]] = {}
         self.tiers: dict[str, dict[str, Any]] = {}
         self.capacity: dict[str, dict[str, Any]] = {}
@@ -406,6 +413,26 @@ class CassandraWriter:
         if "state" in self.parts:
             self.states[(tenant, conversation_id, user_id)] = ("delete", None)
             self._from(tenant, conversation_id)
+
+    def put_activity(
+        self, tenant: str, conversation_id: str, user_ids: Sequence[str], bucket: int, previous: int | None
+    ) -> None:
+        if "state" not in self.parts:
+            return
+        self._from(tenant, conversation_id)
+        for u in user_ids:
+            key = (tenant, u, conversation_id)
+            _, drops = self.activity.get(key, (None, frozenset()))
+            if previous is not None:  # (a row that is not there costs one tombstone)
+                drops = drops | {previous}
+            self.activity[key] = (bucket, drops - {bucket})
+
+    def delete_activity(self, tenant: str, conversation_id: str, user_id: str, bucket: int) -> None:
+        if "state" in self.parts:
+            self._from(tenant, conversation_id)
+            key = (tenant, user_id, conversation_id)
+            queued, drops = self.activity.get(key, (None, frozenset()))
+            self.activity[key] = (None, drops | {bucket} | ({queued} if queued is not None else set()))
 
     def put_delivery(self, tenant: str, conversation_id: str, seq: int, record: dict[str, Any]) -> None:
         if "heads" in self.parts:
@@ -507,6 +534,12 @@ class CassandraViews:
                 f"DELETE FROM {ks}.conversation_states {ts} WHERE tenant=? AND conversation_id=? AND user_id=?"
             ),
             "user_delete": p(f"DELETE FROM {ks}.user_states {ts} WHERE tenant=? AND user_id=? AND conversation_id=?"),
+            "index": p(
+                f"INSERT INTO {ks}.login_index (tenant, user_id, bucket, conversation_id) VALUES (?, ?, ?, ?) {ts}"
+            ),
+            "unindex": p(
+                f"DELETE FROM {ks}.login_index {ts} WHERE tenant=? AND user_id=? AND bucket=? AND conversation_id=?"
+            ),
             "review": p(f"INSERT INTO {ks}.reviews (review_id, tenant, body, written) VALUES (?, ?, ?, ?) {ts}"),
             "review_by_tenant": p(
                 f"INSERT INTO {ks}.reviews_by_tenant (tenant, review_id, body, written) VALUES (?, ?, ?, ?) {ts}"
@@ -544,6 +577,8 @@ class CassandraViews:
             "broadcasts": p(f"SELECT conversation_seq FROM {ks}.broadcasts WHERE tenant=? AND conversation_id=?"),
             "state": p(f"SELECT * FROM {ks}.user_states WHERE tenant=? AND user_id=? AND conversation_id=?"),
             "user_states": p(f"SELECT * FROM {ks}.user_states WHERE tenant=? AND user_id=?"),
+            "states_in": p(f"SELECT * FROM {ks}.user_states WHERE tenant=? AND user_id=? AND conversation_id IN ?"),
+            "login_index": p(f"SELECT bucket, conversation_id FROM {ks}.login_index WHERE tenant=? AND user_id=?"),
             "message": p(f"SELECT * FROM {ks}.messages WHERE tenant=? AND conversation_id=? AND conversation_seq=?"),
             "messages": p(
                 f"SELECT * FROM {ks}.messages WHERE tenant=? AND conversation_id=? AND conversation_seq>? LIMIT ?"
@@ -636,6 +671,12 @@ class CassandraViews:
         for tenant, refs in w.mailbox:
             rows_a.extend(self._mailbox_rows(tenant, refs))
         rows_a.extend(members)
+        unindex: list[Row] = []  # the login index: member-keyed, round A; the rows moved from, after it
+        for (t, u, c), (bucket, drops) in w.activity.items():
+            ts = ts_of(t, c)
+            unindex.extend((ps["unindex"], (ts, t, u, b, c)) for b in sorted(drops))
+            if bucket is not None:
+                rows_a.append((ps["index"], (t, u, bucket, c, ts)))
         for (t, c), h in w.heads.items():
             ts = ts_of(t, c)
             rows_a.append((ps["by_aggregate"], (str(h["aggregate_id"]), t, c, ts)))
@@ -649,6 +690,8 @@ class CassandraViews:
         for name, body in w.capacity.items():
             rows_a.append((ps["capacity"], (name, json.dumps(body), ts_of("capacity", name))))
         run(self.session, grouped(rows_a, MEMBER_BATCH_ROWS, self.keyspace), self.in_flight)
+        if unindex:  # after the rows moved to: a login read never misses a conversation in between
+            run(self.session, grouped(unindex, MEMBER_BATCH_ROWS, self.keyspace), self.in_flight)
         # delivery records, materialized_at once every entry is written (as SQLite and memory stamp it)
         self._add_deliveries(w, ts_of, now if now is not None else time.time(), conversations)
         # B. a conversation's rows that do not fit in one batch with its head, then the heads
@@ -848,7 +891,59 @@ class CassandraViews:
             yield rows[i : i + batch]
 
     def sessions(self, tenant: str, user_id: str, batch: int) -> Iterator[list[LoginSession]]:
-        return sessions_by_two_reads(self, tenant, user_id, batch)
+        """The first list from the login index (ADR-0028): the user's rows of the latest
+        activity hours, enough of them for a list, then those conversations' heads and
+        states (a few hundred rows, not the user's every conversation); the rest by the two
+        reads (every state, every head), without what the first list held."""
+        first, complete = self._first_sessions(tenant, user_id, batch)
+        if first is None:  # the index could not answer: the two reads, as before it
+            yield from sessions_by_two_reads(self, tenant, user_id, batch)
+            return
+        yield first[:batch]
+        if complete:
+            for i in range(batch, len(first), batch):
+                yield first[i : i + batch]
+            return
+        sent = {h.conversation_id for h, _ in first[:batch]}
+        rest = [s for chunk in sessions_by_two_reads(self, tenant, user_id, batch) for s in chunk]
+        rest = [s for s in rest if s[0].conversation_id not in sent]
+        for i in range(0, len(rest), batch):
+            yield rest[i : i + batch]
+
+    def _first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[LoginSession] | None, bool]:
+        """(the sessions of every conversation whose last activity is in the index hours
+        read, most recent first; whether that is all of the user's), or None when the index
+        holds fewer live rows than a list needs although it has more hours (then it cannot
+        vouch for the order). Exact: every member has a row in the hour of the
+        conversation's last activity, so the conversations not read were last active
+        before the oldest hour read, after all of those that were."""
+        statement = self._r["login_index"].bind((tenant, user_id))
+        statement.fetch_size = max(2 * batch, 100)
+        candidates: dict[str, None] = {}
+        last: int | None = None
+        complete = True
+        for row in self.session.execute(statement):
+            if len(candidates) >= batch and row["bucket"] != last:
+                complete = False
+                break
+            candidates[row["conversation_id"]] = None
+            last = row["bucket"]
+        if not candidates:  # no conversation, or views written before the index: the two reads say
+            return None, False
+        ids = list(candidates)
+        states_f = [
+            self.session.execute_async(self._r["states_in"], (tenant, user_id, ids[i : i + HEADS_PER_READ]))
+            for i in range(0, len(ids), HEADS_PER_READ)
+        ]
+        heads = [h for part in self.heads(tenant, ids, len(ids)) for h in part]  # while the states come
+        states: dict[str, UserConversationState] = {}
+        for f in states_f:
+            for r in f.result():
+                states[r["conversation_id"]] = UserConversationState.from_row(_state_row(r))
+        found = [(h, SessionState.of(states[h.conversation_id])) for h in heads if h.conversation_id in states]
+        if not complete and len(found) < batch:
+            return None, False
+        return found, complete
 
     def heads_by_scope(self, tenant: str, size_bucket: str) -> list[str]:
         rows = self.session.execute(self._r["by_tenant"], (tenant,))

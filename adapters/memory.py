@@ -140,6 +140,14 @@ class MemoryWriter:
     def delete_state(self, tenant: str, conversation_id: str, user_id: str) -> None:
         self._queue("state", lambda v: v.delete_state_row(tenant, conversation_id, user_id))
 
+    def put_activity(
+        self, tenant: str, conversation_id: str, user_ids: Sequence[str], bucket: int, previous: int | None
+    ) -> None:
+        """No login index here: the login read is a walk over dicts in memory (ADR-0028)."""
+
+    def delete_activity(self, tenant: str, conversation_id: str, user_id: str, bucket: int) -> None:
+        """No login index here (put_activity)."""
+
     def put_delivery(self, tenant: str, conversation_id: str, seq: int, record: dict[str, Any]) -> None:
         if "heads" not in self.parts:
             return

@@ -344,6 +344,14 @@ class SqliteWriter:
             "DELETE FROM states WHERE tenant=? AND user_id=? AND conversation_id=?", (tenant, user_id, conversation_id)
         )
 
+    def put_activity(
+        self, tenant: str, conversation_id: str, user_ids: Sequence[str], bucket: int, previous: int | None
+    ) -> None:
+        """No login index here: the login read is one statement over states and heads (ADR-0028)."""
+
+    def delete_activity(self, tenant: str, conversation_id: str, user_id: str, bucket: int) -> None:
+        """No login index here (put_activity)."""
+
     def put_delivery(self, tenant: str, conversation_id: str, seq: int, r: dict[str, Any]) -> None:
         if "heads" not in self.parts:
             return

@@ -20,7 +20,8 @@ Measured, each --repeats times after one warm-up, p50 / p90 / max:
   produced lazily by `Queries.session_batches`, each read off the event loop, api/ws.py); the
   connection is opened before the clock starts.
 * The same reads on this process's replica, no network: `rt.queries.session_batches` (first
-  frame, whole list), and its two reads apart (CassandraViews.sessions =
+  frame, whole list: CassandraViews.sessions, the first frame from the login index, ADR-0028),
+  and the two reads apart (the naive login and what the rest of the list still costs:
   projections/state.py sessions_by_two_reads): the user's user_states partition, then one read
   of every head's partition, concurrently, sorted by last activity.
   Also the CPU every process used meanwhile, and one head partition read alone (the same
@@ -56,6 +57,7 @@ from distributed_common import (  # noqa: E402
 
 from fanout.bootstrap import bootstrap_distributed  # noqa: E402
 from fanout.config import load_settings  # noqa: E402
+from fanout.queries import SESSION_BATCH  # noqa: E402
 
 USER = "login-user"
 
@@ -102,6 +104,13 @@ def main() -> int:
     ap.add_argument("--conversations", type=int, default=5000)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument(
+        "--spread-hours",
+        type=float,
+        default=720.0,
+        help="the conversations' last activity spread over this many past hours (default 720: a month); "
+        "0: all of them now, as before the login index",
+    )
     args = ap.parse_args()
 
     exit_on_sigterm()
@@ -113,7 +122,10 @@ def main() -> int:
     watch = MemoryWatch()
     rt = None
     try:
-        rt = bootstrap_distributed(load_settings(env)).start()
+        # The replica's clock, set back while the conversations are built so that their last
+        # activity spreads over --spread-hours (the login index reads the latest hours first).
+        behind = [0.0]
+        rt = bootstrap_distributed(load_settings(env), clock=lambda: time.time() - behind[0]).start()
         fleet.start_pipeline(1)
         base = fleet.start_serve().base
         watch_fleet(watch, fleet, "this process (replica)")
@@ -122,11 +134,13 @@ def main() -> int:
 
         t = time.monotonic()
         for i in range(args.conversations):
+            behind[0] = args.spread_hours * 3600.0 * (1.0 - i / args.conversations)
             cid, other = f"c{i:05d}", f"o{i:05d}"
             rt.app.create_conversation(TENANT, cid, f"conversation {i}", [USER, other])
             rt.app.send_message(TENANT, cid, sender=other, text=f"hello from {other}")
             if (i + 1) % 1000 == 0:
                 print(f"  built {i + 1:,} conversations in {time.monotonic() - t:.0f} s", flush=True)
+        behind[0] = 0.0
         built = time.monotonic() - t
         rt.wait_projected(1800)
         print(f"{args.conversations:,} conversations (create + one send each) through the runtime in "
@@ -134,7 +148,7 @@ def main() -> int:
 
         first, whole, frames, sessions = asyncio.run(websocket_logins(base, args.repeats))
         print(f"SESSION_LIST_BATCH for a user in {args.conversations:,} conversations ({sessions:,} sessions in "
-              f"{frames} frames), {args.repeats} logins each:")  # fmt: skip
+              f"{frames} frames), {args.repeats} logins each; last activity over {args.spread_hours:g} hours:")  # fmt: skip
         print(f"  WebSocket (fanout serve)  AUTH sent -> first batch  {ms(first)}")
         print(f"                            AUTH sent -> last batch   {ms(whole)}")
 
@@ -170,6 +184,9 @@ def main() -> int:
         print(f"    of which: user_states partition ({len(states):,} rows)  {ms(states_t)}")
         print(f"              {len(states):,} head partitions, concurrently  {ms(heads_t)}")
         print(f"    one head partition read alone, {len(one)} times one after another: {ms(one)}")
+        first, complete = rt.views._first_sessions(TENANT, USER, SESSION_BATCH)  # type: ignore[attr-defined]
+        print(f"    the login index's first list: {'none (the two reads answered)' if first is None else len(first)} "
+              f"sessions read for a frame of {SESSION_BATCH}{' (all of them)' if complete else ''}")  # fmt: skip
         print(f"    {cpu_line}", flush=True)
 
         http = Http(base, user_token(USER))

@@ -22,7 +22,7 @@ from domain.policy import is_active
 from domain.reads import READ_EVENTS, MemberReadState
 from projections.ports import MessageRefs, ViewStore, ViewWriter
 from projections.sharding import shard_of
-from projections.state import UserConversationState
+from projections.state import UserConversationState, activity_bucket
 
 PREVIEW_LENGTH = 80
 _LIST_VERSIONS = itertools.count(1)
@@ -297,6 +297,7 @@ class DeliveryProjection:
             m.members[u] = s
         m.joined(e.user_ids, self.params.mailbox_shards)
         w.put_states(m.tenant, m.conversation_id, new)
+        w.put_activity(m.tenant, m.conversation_id, e.user_ids, activity_bucket(m.head["last_activity_at"]), None)
         self._put_head(m, w, position)
 
     @_process.register
@@ -306,6 +307,7 @@ class DeliveryProjection:
             return
         if m.members.pop(e.user_id, None) is not None:
             m.left(e.user_id, self.params.mailbox_shards)
+            w.delete_activity(m.tenant, m.conversation_id, e.user_id, activity_bucket(m.head["last_activity_at"]))
         m.skipping.discard(e.user_id)
         w.delete_state(m.tenant, m.conversation_id, e.user_id)
         self._put_head(m, w, position)
@@ -336,6 +338,7 @@ class DeliveryProjection:
             # this broadcast from the messages already: count it once.
             _add_once(m.broadcast_seqs, seq)
             m.head["broadcasts"] = len(m.broadcast_seqs)
+        previous = activity_bucket(m.head["last_activity_at"])
         m.head.update(
             latest_conversation_seq=seq,
             last_activity_id=e.message_id,
@@ -343,6 +346,8 @@ class DeliveryProjection:
             preview=e.text[:PREVIEW_LENGTH],
         )
         self._put_head(m, w, position)
+        if activity_bucket(e.at) != previous:  # the login index: the members' rows move with it
+            w.put_activity(tenant, cid, list(m.members), activity_bucket(e.at), previous)
 
         targets = Targets(e.sender, tuple(e.mentions), e.reply_to_user, e.mention_all, e.announcement)
         policy = WritePolicy(e.write_policy)

@@ -118,6 +118,16 @@ class ViewWriter(Protocol):
 
     def delete_state(self, tenant: str, conversation_id: str, user_id: str) -> None: ...
 
+    def put_activity(
+        self, tenant: str, conversation_id: str, user_ids: Sequence[str], bucket: int, previous: int | None
+    ) -> None:
+        """The login index (ADR-0028): these members' row of the conversation moves to
+        activity `bucket` (from `previous`, deleted, when given and different); a store
+        whose login read needs no index (SQLite joins, memory) ignores it."""
+
+    def delete_activity(self, tenant: str, conversation_id: str, user_id: str, bucket: int) -> None:
+        """The login index row of a member who left (ignored where put_activity is)."""
+
     def put_delivery(self, tenant: str, conversation_id: str, seq: int, record: dict[str, Any]) -> None: ...
 
     def put_review(self, review: dict[str, Any]) -> None: ...

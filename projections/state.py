@@ -55,6 +55,14 @@ class UserConversationState:
         )
 
 
+ACTIVITY_BUCKET = 3600.0  # seconds: the login index's granularity (ADR-0028)
+
+
+def activity_bucket(at: float | None) -> int:
+    """The login index bucket of a last activity time (hours since the epoch)."""
+    return int((at or 0.0) // ACTIVITY_BUCKET)
+
+
 class SessionHead(NamedTuple):
     """What the session list shows of a ConversationHead (the login's batched read)."""
 

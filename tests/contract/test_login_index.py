@@ -1,0 +1,133 @@
+"""The login of one history is the same on every backend, item by item (ADR-0028).
+
+Cassandra answers the first SESSION_LIST_BATCH from its login index (a member's row of each
+conversation in the hour of its last activity) and the rest by the two reads; SQLite with
+one statement; memory by a walk. The history spreads its activity over a day of hours, so
+the index has many hours to read from; it moves conversations between hours again and
+again, a user leaves one conversation (it is gone from the list) and joins another late,
+and the log is applied in several units of work, then partly again (at-least-once
+delivery). Every list size gives the same frames on every backend, and on Cassandra the
+first frame really came from the index, reading fewer heads than the user has
+conversations."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adapters.cassandra_views import CassandraViews
+from adapters.memory import MemoryViews
+from domain.params import Parameters
+from fanout.bootstrap import open_views
+from fanout.clock import FakeClock
+from fanout.queries import Queries
+from projections.hosting import build_projections
+from projections.ports import ViewStore
+from projections.state import ACTIVITY_BUCKET
+from tests.contract.test_view_store import CassandraKeyspace
+from tests.integration.conftest import Harness
+
+T = "acme"
+PARAMS = Parameters(mailbox_shards=4)
+USER = "u"
+CONVERSATIONS = 40
+SIZES = (1, 3, 7, 40, 100)
+
+
+def build_log(data_dir: Path) -> list[tuple[int, Any]]:
+    clock = FakeClock()
+    rng = random.Random(20261204)
+    h = Harness(data_dir, PARAMS, clock)
+    try:
+        app = h.app
+        for i in range(CONVERSATIONS):
+            members = [USER, f"m{i}", "v"] if i != CONVERSATIONS - 1 else [f"m{i}", "v"]
+            app.create_conversation(T, f"c{i:02d}", f"c{i}", members)
+        for _ in range(160):
+            clock.advance(rng.choice((5.0, 60.0, ACTIVITY_BUCKET / 3, ACTIVITY_BUCKET * 1.5)))
+            i = rng.randrange(CONVERSATIONS)
+            app.send_message(T, f"c{i:02d}", sender="v", text=f"at {clock.now:.0f}", mentions=[USER])
+            if _ == 60:
+                app.remove_member(T, "c05", USER)  # gone from u's list; its later activity must not bring it back
+            if _ == 90:
+                app.add_members(T, f"c{CONVERSATIONS - 1:02d}", [USER])  # joined late, in an old hour
+            if _ == 120:
+                app.mark_read(T, "c07", USER, 1)
+        notes = app.recorder.select_notifications(start=0, limit=100_000)
+        return [(n.id, app.mapper.to_domain_event(n)) for n in notes]
+    finally:
+        h.close()
+
+
+def apply(views: ViewStore, events: list[tuple[int, Any]], unit: int = 23) -> None:
+    """In units of `unit` events, with freshly built projections each (a restarted host)."""
+    for start in range(0, len(events), unit):
+        chunk = events[start : start + unit]
+        projections = build_projections(views, PARAMS)
+        with views.unit_of_work() as w:
+            for position, event in chunk:
+                for p in projections:
+                    if type(event) in p.topics:
+                        p.process(event, position, w)
+            for p in projections:
+                p.flush(w)
+                w.track(p.name, chunk[-1][0])
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[int, Any]]:
+    return build_log(tmp_path_factory.mktemp("login-log"))
+
+
+@pytest.fixture(scope="module")
+def cassandra(engines: dict[str, str]) -> Iterator[CassandraKeyspace]:
+    ks = CassandraKeyspace(engines["FANOUT_VIEWS"])
+    yield ks
+    ks.close()
+
+
+def frames(views: ViewStore, size: int) -> list[list[dict[str, Any]]]:
+    q = Queries(views, PARAMS)
+    return [f["sessions"] for f in q.session_batches(T, USER, size)]
+
+
+def test_the_login_of_one_history_is_the_same_on_every_backend(
+    log: list[tuple[int, Any]], cassandra: CassandraKeyspace, tmp_path: Path
+) -> None:
+    memory = MemoryViews()
+    sqlite = open_views(tmp_path / "sqlite", PARAMS.mailbox_shards)
+    cql = cassandra.views()
+    try:
+        for views in (memory, sqlite, cql):
+            apply(views, log)
+        apply(cql, log[len(log) // 3 :], unit=11)  # at-least-once: a redelivered suffix changes nothing
+        reference = {size: frames(memory, size) for size in SIZES}
+        everyone = [s["conversation_id"] for f in reference[100] for s in f]
+        assert len(everyone) == CONVERSATIONS - 1  # every conversation but the one u left
+        assert "c05" not in everyone and f"c{CONVERSATIONS - 1:02d}" in everyone
+        for size in SIZES:
+            assert frames(sqlite, size) == reference[size], f"sqlite, lists of {size}"
+            assert frames(cql, size) == reference[size], f"cassandra, lists of {size}"
+        # the first list came from the index: a few hours' rows, not every head
+        assert isinstance(cql, CassandraViews)
+        first, complete = cql._first_sessions(T, USER, 3)
+        assert first is not None and not complete
+        assert 3 <= len(first) < CONVERSATIONS - 1, len(first)
+        # one live row per conversation of the user's, in the hour of its last activity
+        rows = list(
+            cql.session.execute(
+                f"SELECT bucket, conversation_id FROM {cql.keyspace}.login_index WHERE tenant=%s AND user_id=%s",
+                (T, USER),
+            )
+        )
+        assert sorted(r["conversation_id"] for r in rows) == sorted(everyone)
+        for r in rows:
+            head = cql.head(T, r["conversation_id"])
+            assert head is not None and r["bucket"] == int(head["last_activity_at"] // ACTIVITY_BUCKET)
+    finally:
+        sqlite.close()
+        cql.close()
