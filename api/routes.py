@@ -36,6 +36,7 @@ def setup_routes(app: web.Application) -> None:
     r.add_get("/v1/admin/reviews/{review_id}/preview", views.preview_review, allow_head=False)
     r.add_get("/v1/admin/alpha", views.get_alpha, allow_head=False)
     r.add_get("/v1/admin/rereview", views.get_rereview, allow_head=False)
+    r.add_get("/v1/admin/tiers/history", views.tier_history, allow_head=False)
     # the reviewer console: static files; it calls the admin routes above with the token it asks for
     r.add_get("/console", console.console_redirect, allow_head=False)
     r.add_get("/console/", console.console_page, allow_head=False)

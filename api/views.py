@@ -305,6 +305,16 @@ async def list_tiers(request: web.Request, who: Claims, data: None) -> web.Respo
 
 
 @endpoint(
+    "The history of the tenant's tiers: each enable (review, parameters), rollback (by, reason), and each "
+    "conversation entering or leaving mention_only under a tier, oldest first",
+    roles=ADMIN,
+)
+async def tier_history(request: web.Request, who: Claims, data: None) -> web.Response:
+    rt = request.app[RUNTIME]
+    return reply({"history": await blocking(request.app, rt.app.tier_history, who.tenant)})
+
+
+@endpoint(
     "Roll a tier back: its conversations return to always at once",
     roles=ADMIN,
     body=schemas.RollBackTier,

@@ -839,6 +839,31 @@ class FanoutApplication(Application[UUID]):
         with self.lock:
             return [tier_dict(tenant, b.value, self._tier(tenant, b.value)) for b in SizeBucket]
 
+    def tier_history(self, tenant: str) -> list[dict[str, Any]]:
+        """Every change of the tenant's tiers, oldest first, read from their event streams (the
+        tier view keeps only the last state): enabled by which review with which parameters,
+        rolled back by whom and why, each conversation entering and leaving mention_only under
+        it. No command lock: the store is read."""
+        out: list[dict[str, Any]] = []
+        for b in SizeBucket:
+            for stored in self.recorder.select_events(Tier.create_id(tenant, b.value)):
+                e = self.mapper.to_domain_event(stored)
+                stamp = getattr(e, "timestamp", None)  # when it was recorded (Entered/Exited carry no `at`)
+                at = stamp.timestamp() if stamp is not None else 0.0
+                item: dict[str, Any] = {"size_bucket": b.value, "event": type(e).__name__, "at": at, "recorded_at": at}
+                if isinstance(e, Tier.Enabled):
+                    item.update(at=e.at, review_id=e.review_id, read_diffusion_min_saving=e.min_saving,
+                                read_diffusion_max_active_ratio=e.max_active_ratio)  # fmt: skip
+                elif isinstance(e, Tier.RolledBack):
+                    item.update(at=e.at, by=e.by, reason=e.reason)
+                elif isinstance(e, Tier.ConversationEntered | Tier.ConversationExited):
+                    item["conversation_id"] = e.conversation_id
+                elif not isinstance(e, Tier.Created):
+                    continue
+                out.append(item)
+        # in the order the events were recorded (a stream's own order within it: the sort is stable)
+        return sorted(out, key=lambda i: i["recorded_at"])
+
     def tier_terms(self, tenant: str, size_bucket: str) -> TierTerms:
         with self.lock:
             tier = self._tier(tenant, size_bucket)

@@ -117,6 +117,7 @@ function logout() {
 function start() {
   poll();
   loadAlpha();
+  loadTierHistory();
   if (state.timer === null) state.timer = setInterval(poll, POLL_MS);
 }
 
@@ -258,6 +259,7 @@ function reviewCard(r) {
       await api("POST", `/v1/admin/reviews/${r.review_id}/decision`, { body });
       await poll();
       loadAlpha();
+      loadTierHistory();
     } catch (e) { showError(err, e); }
   };
   return el("form", { class: "review", id: "review-" + id, "data-review-id": r.review_id, onsubmit: submit },
@@ -311,7 +313,18 @@ async function rollback() {
     $("rollback-confirm").hidden = true;
     await poll();
     loadAlpha();
+    loadTierHistory();
   } catch (e) { showError($("tiers-message"), e); }
+}
+
+async function loadTierHistory() {
+  try {
+    const h = await api("GET", "/v1/admin/tiers/history");
+    const what = { Created: "created", Enabled: "enabled", RolledBack: "rolled back", ConversationEntered: "entered mention_only", ConversationExited: "returned to always" };
+    fill($("tier-history").tBodies[0], h.history.slice().reverse().map((e) => [when(e.at), e.size_bucket, what[e.event] || e.event,
+      e.event === "Enabled" ? `review ${short(e.review_id)}, min_saving ${e.read_diffusion_min_saving}, max_active_ratio ${e.read_diffusion_max_active_ratio}`
+        : e.event === "RolledBack" ? `by ${e.by}: ${e.reason}` : e.conversation_id || ""]));
+  } catch (e) { showError($("error"), e); }
 }
 
 // -- alpha scatter -----------------------------------------------------------------------

@@ -124,3 +124,30 @@ async def test_the_console_is_served_with_a_strict_content_security_policy(api: 
             assert resp.status == 404, bad
     async with api.session.get(api.server.url + "/console", allow_redirects=False) as resp:
         assert resp.status == 302 and resp.headers["Location"] == "/console/"
+
+
+async def test_the_tier_history_lists_enable_switches_and_rollback_in_order(api: Api, cid: str) -> None:
+    tenant = fresh_tenant()
+    svc = await conversation(api, tenant, cid, QUIET_GROUP)
+    expect(await svc.send(cid, sender="ann", text="hi"), 201)
+    await svc.materialized(cid, 1)
+    admin = api.admin(tenant, sub="rita")
+    rid = expect(await admin.open_review(size_bucket="small"), 201)["review_id"]
+    expect(
+        await admin.decide(
+            rid, decision="enable_mention_only", read_diffusion_min_saving=1.0, read_diffusion_max_active_ratio=0.9
+        ),
+        200,
+    )
+    expect(await admin.roll_back("small", reason="too quiet"), 200)
+    history = expect(await admin.call("GET", "/v1/admin/tiers/history"), 200)["history"]
+    assert [(h["size_bucket"], h["event"]) for h in history] == [
+        ("small", "Created"),
+        ("small", "Enabled"),
+        ("small", "ConversationEntered"),
+        ("small", "RolledBack"),
+        ("small", "ConversationExited"),
+    ]
+    assert history[1]["review_id"] == rid and history[1]["read_diffusion_max_active_ratio"] == 0.9
+    assert history[2]["conversation_id"] == cid and history[3]["by"] == "rita" and history[3]["reason"] == "too quiet"
+    assert expect(await api.admin(fresh_tenant()).call("GET", "/v1/admin/tiers/history"), 200)["history"] == []

@@ -181,6 +181,8 @@ async def test_a_reviewer_takes_a_t1_review_from_evidence_to_rollback_in_the_bro
         await page.click("#rollback-yes")
         await page.wait_for_selector(f"#tiers-message:has-text('returned to always: {cid}')", timeout=STEP)
         await page.wait_for_selector("#tier-small:has-text('disabled')", timeout=STEP)
+        await page.wait_for_selector("#tier-history td:has-text('rolled back')", timeout=STEP)
+        assert "browser test" in await page.locator("#tier-history").inner_text()
         await shot("8-rolled-back", "#tiers-section")
 
         # 8. re-review condition (1): T1 has held for FANOUT_REREVIEW_HOLD -> red, and a review is opened
