@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint typecheck bench serve clean \
+.PHONY: install demo test test-fast lint typecheck bench serve clean browser \
 	install-distributed engines-up engines-down engines-check test-engine-restarts \
 	cluster-up cluster-down test-cluster
 
