@@ -4,8 +4,8 @@ refused with a user token, in with an admin token; load drives T1 over its line 
 review appears with the evidence; bad form input is answered by the API's error in the page
 and writes nothing; the server's preview names the conversation that would switch; deciding
 switches it and the tiers show it; rollback returns it; re-review condition (1) turns red
-under a short FANOUT_REREVIEW_HOLD. Each step's screenshot goes to docs/console/ (from the
-embedded run).
+under a short FANOUT_REREVIEW_HOLD. Each step's screenshot goes to the test's tmp dir, or with
+CONSOLE_SCREENSHOTS=docs/console to the README's (from the embedded run).
 
 Chromium must start: when it cannot, these tests FAIL with the reason (never a skip);
 `make test` installs it with apt-get where it is missing (Makefile `browser`)."""
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -36,7 +37,10 @@ ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "console"
+ROOT = Path(__file__).resolve().parents[2]
+# The screenshots of each step go to the test's tmp dir; CONSOLE_SCREENSHOTS=docs/console refreshes
+# the README's (from the embedded run), so a test run does not rewrite tracked files.
+SHOTS = os.environ.get("CONSOLE_SCREENSHOTS")
 
 # A 2 s capacity window and a platform budget of 20 entries/s (T1 at 14/s): ten sends a second to
 # a 10-member group hold T1 over its line; re-review condition (1) after 4 s of T1 instead of 7 days.
@@ -81,7 +85,7 @@ async def test_a_reviewer_takes_a_t1_review_from_evidence_to_rollback_in_the_bro
     api: Api, server: Server, browser: Any, tmp_path: Path
 ) -> None:
     started = time.monotonic()
-    shots = SHOTS if server.kind == "embedded" else tmp_path
+    shots = ROOT / SHOTS if SHOTS and server.kind == "embedded" else tmp_path
     shots.mkdir(parents=True, exist_ok=True)
     tenant, cid = f"t-{uuid.uuid4().hex[:8]}", f"town-{uuid.uuid4().hex[:6]}"
     busy = f"team-{uuid.uuid4().hex[:6]}"
