@@ -153,8 +153,9 @@ def rereview_series(watch: ReReviewWatch | None, rt: Runtime) -> Iterator[Metric
     estimate = rt.params.mailbox_unit_cost_estimate_us
     cost = GaugeMetricFamily(
         "fanout_mailbox_unit_cost_us",
-        "The mailbox layer's unit cost: microseconds of the mailbox store's write per entry, since start "
-        "(re-review condition 4; the embedded runtime's own, the workers' on the distributed one)",
+        "The mailbox layer's unit cost: microseconds of the mailbox store's write per entry over the fan-out writes "
+        "of at least 1,000 entries, since start (re-review condition 4; the embedded runtime's own, the workers' "
+        "on the distributed one)",
     )
     if seconds is not None and entries:
         cost.add_metric([], seconds * 1e6 / entries)
