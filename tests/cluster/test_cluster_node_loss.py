@@ -12,7 +12,8 @@ client_msg_id) and, once the run's first message is fanning out, loses engine no
 * c: kill -9 of two Cassandra nodes at once (quorum lost): reads answer 503 UNAVAILABLE, then
   both come back.
 
-Every send answers 200/201, or 503 UNAVAILABLE with Retry-After (then it is retried with the
+A burst is at most BURST acknowledged sends (it ends earlier when the node is back). Every
+send answers 200/201, or 503 UNAVAILABLE with Retry-After (then it is retried with the
 same client_msg_id after that delay); never another 5xx, never a hang (30 s client timeout).
 After each run every acknowledged message is in the history and materialized to every member;
 after the three runs the crash tests' `verify`: heads, messages, delivery records, member
@@ -61,6 +62,8 @@ from tests.distributed.test_fresh_reads import SECRET, Http
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 RATE = 1.0  # sends per second in a burst (10,000 entries a second at 10k members)
+BURST = 20  # acknowledged sends at most per run: a node's restart takes 40-140 s here, and a burst
+# running all that time left minutes of fan-out to catch up (200,000 entries a run at 10k members)
 CLIENT_TIMEOUT = 30.0  # an answer slower than this is a hang
 
 
@@ -106,7 +109,7 @@ class Burst:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stop.is_set() and len(self.acked) < BURST:
             i = self.d.sent
             body = {
                 "sender": SENDERS[i % len(SENDERS)],
