@@ -387,8 +387,9 @@ async function lookupCost(ev) {
   ev.preventDefault();
   $("cost-error").textContent = "";
   const cid = encodeURIComponent($("cost-cid").value.trim());
+  const seq = encodeURIComponent($("cost-seq").value.trim());
   try {
-    const r = await api("GET", `/v1/conversations/${cid}/messages/${encodeURIComponent($("cost-seq").value.trim())}/delivery`);
+    const r = await api("GET", `/v1/conversations/${cid}/messages/${seq}/delivery`);
     fill($("cost").tBodies[0], [
       ["state", r.state], ["message_id", r.message_id], ["write_policy", r.write_policy], ["member_count", r.member_count],
       ["body writes, O(1)", r.body_writes], ["head writes, O(1)", r.head_writes], ["shards touched, O(S)", r.shards],

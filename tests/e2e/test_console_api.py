@@ -151,3 +151,25 @@ async def test_the_tier_history_lists_enable_switches_and_rollback_in_order(api:
     assert history[1]["review_id"] == rid and history[1]["read_diffusion_max_active_ratio"] == 0.9
     assert history[2]["conversation_id"] == cid and history[3]["by"] == "rita" and history[3]["reason"] == "too quiet"
     assert expect(await api.admin(fresh_tenant()).call("GET", "/v1/admin/tiers/history"), 200)["history"] == []
+
+
+async def test_every_route_the_console_calls_is_in_the_openapi_document_with_an_admin_or_service_role(
+    api: Api,
+) -> None:
+    """The page uses only the public API: each path in console.js is a documented operation."""
+    import re
+    from pathlib import Path
+
+    import api as api_package
+
+    script = (Path(api_package.__file__).parent / "console_assets" / "console.js").read_text()
+    called = {
+        (method.lower(), re.sub(r"\$\{[^}]*\}", "{}", path))
+        for method, path in re.findall(r'api\("(GET|POST)", [`"](/v1/[^`"?]+)', script)
+    }
+    assert len(called) >= 10, called
+    doc = expect(await api.anonymous().call("GET", "/v1/openapi.json"), 200)
+    documented = {(m, re.sub(r"\{[^}]*\}", "{}", p)): op for p, ops in doc["paths"].items() for m, op in ops.items()}
+    for key in called:
+        assert key in documented, key
+        assert "admin" in documented[key]["x-roles"], key
