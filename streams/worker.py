@@ -318,7 +318,6 @@ class PartitionHost:
             checked[0] = now
             for partition, position in committed.items():
                 stored = self.views.log_position(partition) if position is not None else None
-                log.info("DEBUG recheck at %s: partition %s unit from %s, views at %s", step, partition, position, stored)
                 if stored is not None and position is not None and stored.position > position:
                     raise Fenced(
                         f"partition {partition}: another worker wrote its views up to position {stored.position} "
