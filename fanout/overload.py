@@ -1,7 +1,8 @@
 """Overload and storage failure (ADR-0010): what the process refuses, and how it says so.
 
 * `storage_unavailable(exc)`: a full disk or a storage I/O error (`storage_failure`,
-  projections/failures.py) is answered with 503 UNAVAILABLE instead of a bare 500.
+  projections/failures.py), or Cassandra answering that too few replicas did (quorum lost,
+  timeouts, no host: ADR-0027), is answered with 503 UNAVAILABLE instead of a bare 500.
 * `Backpressure` refuses writes the read side has to materialize once the projector is
   behind the log by more than a bound, or while its last attempt failed. O(1) per check:
   the application reports what it recorded (positions, mailbox entries of each send),
@@ -37,7 +38,28 @@ DRAIN_ENTRIES_PER_SEC = 200_000
 DRAIN_EVENTS_PER_SEC = 1_000
 
 
+# The Cassandra driver's errors when too few replicas answer (quorum lost, replicas timing
+# out) or no node can be reached: by class name, so this module needs no driver (ADR-0027).
+CASSANDRA_UNAVAILABLE = frozenset(
+    {"Unavailable", "ReadTimeout", "WriteTimeout", "ReadFailure", "WriteFailure", "OperationTimedOut", "NoHostAvailable"}
+)
+
+
+def views_store_unavailable(exc: BaseException) -> bool:
+    """Whether `exc` (or its cause) is the Cassandra driver saying too few replicas answered."""
+    return any(
+        type(e).__name__ in CASSANDRA_UNAVAILABLE and type(e).__module__.startswith("cassandra")
+        for e in exception_chain(exc)
+    )
+
+
 def storage_unavailable(exc: BaseException) -> Unavailable | None:
+    if views_store_unavailable(exc):
+        return Unavailable(
+            f"the views' store did not answer ({first_line(exc)}); retry later",
+            reason="storage_error",
+            retry_after_ms=STORAGE_RETRY_MS,
+        )
     reason = storage_failure(exc)
     if reason is None:
         return None

@@ -202,13 +202,17 @@ def loss_run(
     what = lose()
     lost_at = time.monotonic()
     down_for = r.uniform(3.0, 8.0)
-    probed = while_down() if while_down is not None else ""
-    time.sleep(max(0.0, down_for - (time.monotonic() - lost_at)))
+    restored = False
     try:
+        probed = while_down() if while_down is not None else ""
+        time.sleep(max(0.0, down_for - (time.monotonic() - lost_at)))
         up = restore()
+        restored = True
     finally:
         back = time.monotonic()
         burst.stop()
+        if not restored:  # a failed probe: the nodes come back before the deployment is torn down
+            restore()
     caught = sup.settle(d, timeout=600)
     catch_up = time.monotonic() - back
     latest = check_run(d)
