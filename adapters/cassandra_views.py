@@ -891,24 +891,14 @@ class CassandraViews:
             yield rows[i : i + batch]
 
     def sessions(self, tenant: str, user_id: str, batch: int) -> Iterator[list[LoginSession]]:
+        return sessions_by_two_reads(self, tenant, user_id, batch)
+
+    def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[LoginSession], bool] | None:
         """The first list from the login index (ADR-0028): the user's rows of the latest
-        activity hours, enough of them for a list, then those conversations' heads and
-        states (a few hundred rows, not the user's every conversation); the rest by the two
-        reads (every state, every head), without what the first list held."""
+        activity hours, enough of them for a list, then only those conversations' heads and
+        states (a few hundred rows, not the user's every conversation)."""
         first, complete = self._first_sessions(tenant, user_id, batch)
-        if first is None:  # the index could not answer: the two reads, as before it
-            yield from sessions_by_two_reads(self, tenant, user_id, batch)
-            return
-        yield first[:batch]
-        if complete:
-            for i in range(batch, len(first), batch):
-                yield first[i : i + batch]
-            return
-        sent = {h.conversation_id for h, _ in first[:batch]}
-        rest = [s for chunk in sessions_by_two_reads(self, tenant, user_id, batch) for s in chunk]
-        rest = [s for s in rest if s[0].conversation_id not in sent]
-        for i in range(0, len(rest), batch):
-            yield rest[i : i + batch]
+        return None if first is None else (first, complete)
 
     def _first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[LoginSession] | None, bool]:
         """(the sessions of every conversation whose last activity is in the index hours

@@ -286,6 +286,9 @@ class MemoryViews:
         for i in range(0, len(rows), batch):
             yield rows[i : i + batch]
 
+    def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[Session], bool] | None:
+        return None  # dicts in memory: sessions() is the quick way
+
     def heads_by_scope(self, tenant: str, size_bucket: str) -> list[str]:
         with self._lock:
             return [c for (t, c), h in self.heads_rows.items() if t == tenant and h["size_bucket"] == size_bucket]

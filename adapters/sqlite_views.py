@@ -548,6 +548,9 @@ class SqliteViews:
         )
         return dict(row) if row else None
 
+    def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[Session], bool] | None:
+        return None  # one statement: sessions() is the quick way
+
     def heads_by_scope(self, tenant: str, size_bucket: str) -> list[str]:
         return [
             r[0]

@@ -14,7 +14,7 @@ from domain.errors import InvalidArgument, NotAMember, NotFound
 from domain.params import Parameters, SizeBucket
 from domain.policy import alpha_of, equivalent_threshold, meets_enter_criterion, read_diffusion_saving
 from projections.ports import ViewReader
-from projections.state import session_item
+from projections.state import Session, session_item
 
 SESSION_BATCH = 500
 MAX_PAGE = 1000
@@ -31,8 +31,7 @@ class Queries:
         """SESSION_LIST_BATCH frames, most recent activity first, produced lazily so the
         first frame goes out before the rest is read. BIG_GROUP_HEADS (the user's
         mention_only groups) ride the same frames (ADR minimal change set b)."""
-        pending: dict[str, Any] | None = None
-        for batch in self.views.sessions(tenant, user_id, size):
+        for batch, last in self._session_lists(tenant, user_id, size):
             sessions = [session_item(h, st) for h, st in batch]
             big = [
                 {
@@ -45,13 +44,33 @@ class Queries:
                 for s in sessions
                 if s["write_policy"] == "mention_only"
             ]
+            yield {"type": "SESSION_LIST_BATCH", "sessions": sessions, "big_group_heads": big, "last": last}
+
+    def _session_lists(self, tenant: str, user_id: str, size: int) -> Iterator[tuple[list[Session], bool]]:
+        """(a list of sessions, whether it is the last), at least one (empty when the user
+        has no conversation). The first list the store's quick way when it has one (the
+        login index, ADR-0028): it goes out before the rest (every state, every head) is
+        read; otherwise each list once the next one is read (the `last` flag needs it)."""
+        quick = self.views.first_sessions(tenant, user_id, size)
+        if quick is not None:
+            first, complete = quick
+            if complete:
+                lists = [first[i : i + size] for i in range(0, len(first), size)] or [[]]
+                yield from ((part, i == len(lists) - 1) for i, part in enumerate(lists))
+                return
+            yield first[:size], False
+            sent = {h.conversation_id for h, _ in first[:size]}
+            rest = [s for part in self.views.sessions(tenant, user_id, size) for s in part]
+            rest = [s for s in rest if s[0].conversation_id not in sent]
+            lists = [rest[i : i + size] for i in range(0, len(rest), size)] or [[]]
+            yield from ((part, i == len(lists) - 1) for i, part in enumerate(lists))
+            return
+        pending: list[Session] | None = None
+        for part in self.views.sessions(tenant, user_id, size):
             if pending is not None:
-                yield pending
-            pending = {"type": "SESSION_LIST_BATCH", "sessions": sessions, "big_group_heads": big, "last": False}
-        if pending is None:
-            pending = {"type": "SESSION_LIST_BATCH", "sessions": [], "big_group_heads": [], "last": False}
-        pending["last"] = True
-        yield pending
+                yield pending, False
+            pending = part
+        yield (pending if pending is not None else []), True
 
     def session_list(self, tenant: str, user_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(sessions[], big_group_heads[]) in one piece, for GET /v1/me/sessions."""
@@ -185,7 +204,9 @@ class Queries:
                 "alpha_mean": sum(alphas) / len(alphas) if alphas else None,
                 "alpha_p50": alphas[len(alphas) // 2] if alphas else None,
                 "alpha_p90": alphas[min(len(alphas) - 1, int(len(alphas) * 0.9))] if alphas else None,
-                "per_conversation": [{"tenant": t, "conversation_id": c, "members": n, "alpha": a} for t, c, n, a in rows],
+                "per_conversation": [
+                    {"tenant": t, "conversation_id": c, "members": n, "alpha": a} for t, c, n, a in rows
+                ],
             }
         return out
 

@@ -174,6 +174,12 @@ class ViewReader(Protocol):
         answers it with `projections.state.sessions_by_two_reads` (its states, then one
         batched read of their heads); SQLite answers it with one statement."""
 
+    def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[Session], bool] | None:
+        """The login's first list the quick way, when the store has one (Cassandra's login
+        index, ADR-0028): at least `batch` of the user's sessions in `sessions()` order,
+        exactly the first ones of it, and whether they are all of them; None when it has no
+        quicker way than `sessions()` (SQLite, memory) or cannot vouch for this user."""
+
     def heads_by_scope(self, tenant: str, size_bucket: str) -> list[str]:
         """The conversation ids of the tenant whose head is in this size bucket."""
 

@@ -95,6 +95,10 @@ def frames(views: ViewStore, size: int) -> list[list[dict[str, Any]]]:
     return [f["sessions"] for f in q.session_batches(T, USER, size)]
 
 
+def _not_yet(*args: Any) -> Any:
+    raise AssertionError("the whole list was read before the first frame went out")
+
+
 def test_the_login_of_one_history_is_the_same_on_every_backend(
     log: list[tuple[int, Any]], cassandra: CassandraKeyspace, tmp_path: Path
 ) -> None:
@@ -117,6 +121,15 @@ def test_the_login_of_one_history_is_the_same_on_every_backend(
         first, complete = cql._first_sessions(T, USER, 3)
         assert first is not None and not complete
         assert 3 <= len(first) < CONVERSATIONS - 1, len(first)
+        # the first frame goes out before the rest of the list (every state, every head) is read
+        q = Queries(cql, PARAMS)
+        real_sessions = cql.sessions
+        cql.sessions = _not_yet  # type: ignore[method-assign]
+        try:
+            frame = next(q.session_batches(T, USER, 3))
+        finally:
+            cql.sessions = real_sessions  # type: ignore[method-assign]
+        assert frame["sessions"] == reference[3][0] and frame["last"] is False
         # one live row per conversation of the user's, in the hour of its last activity
         rows = list(
             cql.session.execute(
