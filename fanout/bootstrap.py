@@ -420,6 +420,8 @@ class KafkaEngines:
                 callback,
                 on_beat=self.beats.seen,
                 on_tracked=on_tracked,
+                replication=self.kafka.replication,
+                min_insync=self.kafka.min_insync,
             ).start()
         except KafkaException as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

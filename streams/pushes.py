@@ -352,9 +352,13 @@ class PushSubscriber:
         on_beat: Callable[[WorkerBeat, float], Any] | None = None,
         on_tracked: Callable[[ViewsTracked], Any] | None = None,
         poll: float = 0.2,
+        replication: int = 1,
+        min_insync: int = 0,
     ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
+        self.replication = replication  # of the topic when this subscriber creates it (FANOUT_LOG)
+        self.min_insync = min_insync
         self.callback = callback
         self.on_beat = on_beat  # (beat, seconds it waited in the topic before start)
         self.on_tracked = on_tracked  # the positions a worker's commit left in the views
@@ -367,7 +371,7 @@ class PushSubscriber:
         self._consumer: Consumer | None = None
 
     def start(self, timeout: float = 30.0) -> PushSubscriber:
-        ensure_topic(self.bootstrap, self.topic, 1)
+        ensure_topic(self.bootstrap, self.topic, 1, self.replication, min_insync=self.min_insync)
         consumer = Consumer(
             {
                 "bootstrap.servers": self.bootstrap,
