@@ -21,18 +21,17 @@ import pytest
 
 from adapters.cassandra_views import CassandraViews
 from adapters.memory import MemoryViews
-from domain.params import Parameters
 from fanout.bootstrap import open_views
 from fanout.clock import FakeClock
 from fanout.queries import Queries
-from projections.hosting import build_projections
 from projections.ports import ViewStore
 from projections.state import ACTIVITY_BUCKET
+from tests.contract.test_projection_replay import PARAMS
+from tests.contract.test_projection_replay import apply as apply_unit
 from tests.contract.test_view_store import CassandraKeyspace
 from tests.integration.conftest import Harness
 
 T = "acme"
-PARAMS = Parameters(mailbox_shards=4)
 USER = "u"
 CONVERSATIONS = 40
 SIZES = (1, 3, 7, 40, 100)
@@ -66,16 +65,7 @@ def build_log(data_dir: Path) -> list[tuple[int, Any]]:
 def apply(views: ViewStore, events: list[tuple[int, Any]], unit: int = 23) -> None:
     """In units of `unit` events, with freshly built projections each (a restarted host)."""
     for start in range(0, len(events), unit):
-        chunk = events[start : start + unit]
-        projections = build_projections(views, PARAMS)
-        with views.unit_of_work() as w:
-            for position, event in chunk:
-                for p in projections:
-                    if type(event) in p.topics:
-                        p.process(event, position, w)
-            for p in projections:
-                p.flush(w)
-                w.track(p.name, chunk[-1][0])
+        apply_unit(views, events[start : start + unit])
 
 
 @pytest.fixture(scope="module")
