@@ -614,7 +614,7 @@ class ProjectionWorker:
             log_reader=self.log_reader,
         )
         self.applier = Applier(self.host)
-        ensure_topic(s.bootstrap, s.topic, s.partitions, s.replication)
+        ensure_topic(s.bootstrap, s.topic, s.partitions, s.replication, min_insync=s.min_insync)
         # T1/T2 over the platform: evaluated by the worker holding partition 0 (ADR-0020).
         self.monitor = CapacityMonitor(params, views, partition_count(s.bootstrap, s.topic))
         datadir = s.datadir or Path(tempfile.mkdtemp(prefix="fanout-worker-"))
