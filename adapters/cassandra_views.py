@@ -894,15 +894,9 @@ class CassandraViews:
         return sessions_by_two_reads(self, tenant, user_id, batch)
 
     def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[LoginSession], bool] | None:
-        """The first list from the login index (ADR-0028): the user's rows of the latest
-        activity hours, enough of them for a list, then only those conversations' heads and
-        states (a few hundred rows, not the user's every conversation)."""
-        first, complete = self._first_sessions(tenant, user_id, batch)
-        return None if first is None else (first, complete)
-
-    def _first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[LoginSession] | None, bool]:
-        """(the sessions of every conversation whose last activity is in the index hours
-        read, most recent first; whether that is all of the user's), or None when the index
+        """The first list from the login index (ADR-0028): (the sessions of every
+        conversation whose last activity is in the index hours read, most recent first;
+        whether that is all of the user's), or None when the index has no row for the user or
         holds fewer live rows than a list needs although it has more hours (then it cannot
         vouch for the order). Exact: every member has a row in the hour of the
         conversation's last activity, so the conversations not read were last active
@@ -919,7 +913,7 @@ class CassandraViews:
             candidates[row["conversation_id"]] = None
             last = row["bucket"]
         if not candidates:  # no conversation, or views written before the index: the two reads say
-            return None, False
+            return None
         ids = list(candidates)
         states_f = [
             self.session.execute_async(self._r["states_in"], (tenant, user_id, ids[i : i + HEADS_PER_READ]))
@@ -932,7 +926,7 @@ class CassandraViews:
                 states[r["conversation_id"]] = UserConversationState.from_row(_state_row(r))
         found = [(h, SessionState.of(states[h.conversation_id])) for h in heads if h.conversation_id in states]
         if not complete and len(found) < batch:
-            return None, False
+            return None
         return found, complete
 
     def heads_by_scope(self, tenant: str, size_bucket: str) -> list[str]:

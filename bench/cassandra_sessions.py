@@ -184,7 +184,8 @@ def main() -> int:
         print(f"    of which: user_states partition ({len(states):,} rows)  {ms(states_t)}")
         print(f"              {len(states):,} head partitions, concurrently  {ms(heads_t)}")
         print(f"    one head partition read alone, {len(one)} times one after another: {ms(one)}")
-        first, complete = rt.views._first_sessions(TENANT, USER, SESSION_BATCH)  # type: ignore[attr-defined]
+        quick = rt.views.first_sessions(TENANT, USER, SESSION_BATCH)
+        first, complete = quick if quick is not None else (None, False)
         print(f"    the login index's first list: {'none (the two reads answered)' if first is None else len(first)} "
               f"sessions read for a frame of {SESSION_BATCH}{' (all of them)' if complete else ''}")  # fmt: skip
         print(f"    {cpu_line}", flush=True)

@@ -55,15 +55,13 @@ class Queries:
         if quick is not None:
             first, complete = quick
             if complete:
-                lists = [first[i : i + size] for i in range(0, len(first), size)] or [[]]
-                yield from ((part, i == len(lists) - 1) for i, part in enumerate(lists))
+                yield from _marked_last(first, size)
                 return
             yield first[:size], False
             sent = {h.conversation_id for h, _ in first[:size]}
             rest = [s for part in self.views.sessions(tenant, user_id, size) for s in part]
             rest = [s for s in rest if s[0].conversation_id not in sent]
-            lists = [rest[i : i + size] for i in range(0, len(rest), size)] or [[]]
-            yield from ((part, i == len(lists) - 1) for i, part in enumerate(lists))
+            yield from _marked_last(rest, size)
             return
         pending: list[Session] | None = None
         for part in self.views.sessions(tenant, user_id, size):
@@ -225,3 +223,9 @@ def _check_page(after: int, limit: int) -> None:
         raise InvalidArgument("after must be a non-negative integer", field="after")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
         raise InvalidArgument(f"limit must be an integer from 1 to {MAX_PAGE}", field="limit")
+
+
+def _marked_last(items: list[Session], size: int) -> Iterator[tuple[list[Session], bool]]:
+    """`items` in lists of `size` (one empty list when none), each with whether it is the last."""
+    lists = [items[i : i + size] for i in range(0, len(items), size)] or [[]]
+    return ((part, i == len(lists) - 1) for i, part in enumerate(lists))
