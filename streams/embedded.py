@@ -1,9 +1,10 @@
-"""The embedded projection runner: follows the event store's notification log
-in-process, with tracking, and hosts the projections.
+"""The embedded projection runner: follows the event store's notification log in-process
+(`streams/notification_log.py`) and hands what it reads to the projection host
+(`streams/host.py`, the unit of work every runtime shares), on a thread of its own.
 
-eventsourcing 9.5.6's SQLiteApplicationRecorder.subscribe raises
-NotImplementedError, so this polls `select_notifications` and is woken by the
-application after each save."""
+eventsourcing 9.5.6's SQLiteApplicationRecorder.subscribe raises NotImplementedError, so this
+polls `select_notifications` and is woken by the application after each save. The rebuild
+runs it in the caller's thread (`catch_up`), with the log ending at a position (`until`)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from eventsourcing.application import Application
-from eventsourcing.persistence import Notification
 
 from domain.params import Parameters
 from domain.review import topics_of
 from projections.failures import Throttled, storage_failure
-from projections.hosting import PROJECTIONS, Effect, Projection, build_projections, topics
+from projections.hosting import PROJECTIONS, Effect, Projection, ViewsTracked, build_projections, topics
 from projections.ports import ALL_PARTS, ViewStore
+from streams.host import ProjectionHost
+from streams.notification_log import NotificationLog
+from streams.records import EventRecord
 
 log = logging.getLogger("fanout.runner")
 RETRY_AFTER_FAILURE = 0.5  # seconds between attempts while the projection fails
@@ -38,19 +41,27 @@ class EmbeddedRunner:
         batch: int = 500,
         max_entries_per_commit: int = 200_000,
         linger: float = 0.005,
+        until: int | None = None,
     ) -> None:
         """`linger`: seconds the projector waits, once woken from idle, for more of the log
-        before it reads (a group commit of the projection; 0: at once)."""
+        before it reads (a group commit of the projection; 0: at once). `until`: the log
+        ends there (a rebuild)."""
         self.app = app
         self.views = views
         self.params = params
         self.parts = parts
         self.on_effects = on_effects
-        self.reset()
         self.batch = batch
-        self.max_entries_per_commit = max_entries_per_commit
         self.linger = linger
-        self.topics = topics_of(*topics(self.projections))
+        self.log = NotificationLog(app, topics_of(*topics(build_projections(views, params))), until=until)
+        self.host = ProjectionHost(
+            views,
+            params,
+            self.log.to_domain_event,
+            self._effects,
+            max_entries_per_commit=max_entries_per_commit,
+            parts=parts,
+        )
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._progress = threading.Condition()
@@ -62,8 +73,19 @@ class EmbeddedRunner:
         self._throttled = Throttled(log)
         # The position the views have committed, kept in memory for backpressure (O(1) reads).
         self.committed = self.position()
-        self.processed = 0
-        self.entries_written = 0
+
+    @property
+    def processed(self) -> int:
+        """Events applied since start."""
+        return self.host.stats.applied
+
+    @property
+    def entries_written(self) -> int:
+        return self.host.stats.entries
+
+    @property
+    def projections(self) -> tuple[Projection, ...]:
+        return self.host.projections(0)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -118,16 +140,9 @@ class EmbeddedRunner:
             log.exception("projection failed (%s); retrying from the tracked position", self.failure_reason)
         else:
             self._throttled("failing", logging.ERROR, "projection still failing: %s", self.last_error)
-        # The next attempt starts from the committed views (_commit reloaded the working sets).
+        # The next attempt starts from the committed views (the host reloads its working sets).
         if reason is not None:
             self._reopen_mailbox = True
-
-    def reset(self) -> None:
-        """Forget in-memory working state; it is reloaded from the committed views."""
-        self.projections = build_projections(self.views, self.params)
-        self._routes: dict[type, tuple[Projection, ...]] = {
-            t: tuple(p for p in self.projections if t in p.topics) for t in topics(self.projections)
-        }
 
     # -- positions -------------------------------------------------------------
 
@@ -136,7 +151,7 @@ class EmbeddedRunner:
         return self.views.position(PROJECTIONS[0])
 
     def log_position(self) -> int:
-        return self.app.recorder.max_notification_id() or 0
+        return self.log.top()
 
     def wait_until(self, position: int, timeout: float = 30.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -163,58 +178,24 @@ class EmbeddedRunner:
     # -- the work ----------------------------------------------------------------
 
     def run_once(self) -> int:
+        """One take of the log (up to `batch` events) through the host; returns how many
+        events it held. Raises when a unit fails (the next call retries from the views)."""
         start = self.position()
-        top = self.log_position()
-        if top <= start:
+        records = self.log.take(start, self.batch)
+        if not records:
             return 0
-        notes = self.app.recorder.select_notifications(
-            start=start, limit=self.batch, stop=top, topics=self.topics, inclusive_of_start=False
-        )
-        # Fewer than a batch means every notification up to `top` was read: the ones not
-        # returned are not ours (e.g. quota charges), and the last commit may track `top`.
-        through = top if len(notes) < self.batch else None
-        if not notes:
-            with self.views.unit_of_work(self.parts) as w:
-                for p in self.projections:
-                    w.track(p.name, top)
-            self.committed = top
-        done = 0
-        while done < len(notes):
-            done += self._commit(notes[done:], through)
-            self.committed = through if through is not None and done == len(notes) else notes[done - 1].id
+        self.host.apply_take({0: records})
         with self._progress:
             self._progress.notify_all()
-        return len(notes)
+        return sum(isinstance(r, EventRecord) for r in records)
 
-    def _commit(self, notes: Sequence[Notification], through: int | None = None) -> int:
-        """Apply notifications in one unit of work; returns how many were applied.
-        When all of them fit and `through` is given, the position recorded is `through`.
-        The effects are acted on only after the commit (invariant O)."""
-        effects: list[Effect] = []
-        count = 0
-        try:
-            with self.views.unit_of_work(self.parts) as w:
-                for note in notes:
-                    event = self.app.mapper.to_domain_event(note)
-                    for p in self._routes.get(type(event), ()):
-                        effects.extend(p.process(event, note.id, w))
-                    count += 1
-                    if w.mailbox_entries >= self.max_entries_per_commit:
-                        break
-                last = through if through is not None and count == len(notes) else notes[count - 1].id
-                for p in self.projections:
-                    p.flush(w)
-                    w.track(p.name, last)
-                entries = w.mailbox_entries
-        except BaseException:
-            # The working sets ran ahead of what committed: reload them from the views.
-            self.reset()
-            raise
-        self.processed += count
-        self.entries_written += entries
-        if effects and self.on_effects is not None:
-            try:
-                self.on_effects(effects)
-            except Exception:
-                log.exception("acting on the effects failed (the views are committed)")
-        return count
+    def _effects(self, effects: Sequence[Effect]) -> None:
+        """After each unit commits: the position for backpressure, then the caller's effects."""
+        rest: list[Effect] = []
+        for e in effects:
+            if isinstance(e, ViewsTracked):
+                self.committed = max(self.committed, *e.positions.values(), 0)
+            else:
+                rest.append(e)
+        if rest and self.on_effects is not None:
+            self.on_effects(rest)

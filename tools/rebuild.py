@@ -278,23 +278,6 @@ VERIFY_SUFFIX = "_verify_"
 REBUILD_SUFFIX = "_rebuild"
 
 
-class _LogUntil:
-    """The application as the projection runner sees it, with the log ending at `top`:
-    the runner projects positions 1..top and stops (the live log moves on meanwhile)."""
-
-    def __init__(self, app: Any, top: int) -> None:
-        self.mapper = app.mapper
-        self.recorder = self
-        self._recorder = app.recorder
-        self._top = top
-
-    def max_notification_id(self) -> int:
-        return self._top
-
-    def select_notifications(self, *args: Any, **kwargs: Any) -> Any:
-        return self._recorder.select_notifications(*args, **kwargs)
-
-
 def _aside_keyspace(live: str, suffix: str) -> str:
     return f"{live[: 48 - len(suffix)]}{suffix}"
 
@@ -337,7 +320,7 @@ def _build_distributed(
 
     store = open_distributed_views(settings, keyspace=keyspace)
     try:
-        runner = EmbeddedRunner(_LogUntil(app, top), store, settings.params, parts=parts)  # type: ignore[arg-type]
+        runner = EmbeddedRunner(app, store, settings.params, parts=parts, until=top)
         with _bar(desc, 0, top, progress, out) as bar:
             runner.catch_up(lambda _n: bar(runner.position(), top))
         built = runner.position()

@@ -1,10 +1,10 @@
 """The worker's units of work under a crash that lands everything but the heads and the
 tracking (Cassandra's write order: ADR-0014), then a retry of the same records, as
-`streams.worker.PartitionHost` does after a failed unit.
+`streams.host.ProjectionHost` does after a failed unit.
 
 Units hold up to BATCH records; an event that reshapes member states (join, leave, policy
 switch, REBUILD, create) is the only event of its conversation in a unit
-(`streams.worker.ALONE`); other conversations' events may share it. With that rule every
+(`streams.host.ALONE`); other conversations' events may share it. With that rule every
 crash point gives the views of a clean run, also with two conversations interleaved; without
 it, a send replayed with the states a later join left behind reaches the joiner (the second
 test shows the rule is what makes the difference)."""
@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 from eventsourcing.utils import get_topic
 
-import streams.worker as worker
+import streams.host as host_module
 from adapters.memory import MemoryViews
 from fanout.queries import Queries
+from streams.host import ProjectionHost
 from streams.records import EventRecord
-from streams.worker import PartitionHost
 from tests.contract.test_projection_replay import LOG_EVENTS, PARAMS, T, build_log, snapshot
 from tests.integration.conftest import FakeClock, Harness
 
@@ -76,7 +76,7 @@ def records(log: list[tuple[int, Any]]) -> tuple[list[EventRecord], dict[int, An
 
 def run(views: Any, log: list[tuple[int, Any]], size: int = BATCH) -> None:
     recs, by_position = records(log)
-    host = PartitionHost(views, PARAMS, lambda r: by_position[r.position])
+    host = ProjectionHost(views, PARAMS, lambda r: by_position[r.position])
     for i in range(0, len(recs), size):
         batch = recs[i : i + size]
         try:
@@ -112,7 +112,7 @@ def test_every_crash_point_gives_the_views_of_a_clean_run(log: list[tuple[int, A
 def test_without_units_of_their_own_for_membership_events_a_crash_changes_the_views(
     log: list[tuple[int, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(worker, "ALONE", frozenset())
+    monkeypatch.setattr(host_module, "ALONE", frozenset())
     _, wrong = outcomes(log)
     assert wrong, "the rule made no difference: this test no longer shows why it exists"
 
@@ -189,7 +189,7 @@ def test_two_conversations_interleaved_every_crash_point_gives_the_views_of_a_cl
 def test_two_conversations_interleaved_without_the_rule_a_crash_changes_the_views(
     two_log: list[tuple[int, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(worker, "ALONE", frozenset())
+    monkeypatch.setattr(host_module, "ALONE", frozenset())
     wrong = [size for size in (3, 4, 6) if outcomes(two_log, snapshot_two, size)[1]]
     assert wrong, "the rule made no difference on this log: it no longer shows why it exists"
 
@@ -201,7 +201,7 @@ def test_a_reshaping_event_shares_its_unit_with_the_other_conversations_events(
     conversation, not per unit."""
     views = CrashingViews(0)
     run(views, two_log)
-    reshaping = sum(1 for _, e in two_log if get_topic(type(e)) in worker.ALONE)
+    reshaping = sum(1 for _, e in two_log if get_topic(type(e)) in host_module.ALONE)
     recs, _ = records(two_log)
     whole_batches = -(-len(recs) // BATCH)
     # a unit of its own for each reshaping event would cut a batch around it: more units than this

@@ -1,4 +1,4 @@
-"""The projection host's fencing and healing (streams/worker.py PartitionHost, ADR-0021),
+"""The projection host's fencing and healing (streams/host.py ProjectionHost, ADR-0021),
 engine-free: the in-memory views, a log of real events (popo event store), records with
 Kafka-like offsets and a log reader over the same records.
 
@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from adapters.memory import MemoryViews
-from streams import worker as worker_module
+from streams import host as host_module
+from streams.host import Fenced, Record
 from streams.records import EventRecord, Watermark
-from streams.worker import Fenced, Record
 from tests.distributed.test_worker import LogBuilder, host_for, partitioned, popo_log, snapshot  # noqa: F401
 
 Offsets = dict[int, list[Record]]
@@ -137,7 +137,7 @@ def test_a_unit_paused_mid_commit_is_stopped_before_its_tracking(
     popo_log: LogBuilder,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(worker_module, "FENCE_RECHECK", 0.0)  # every step checks (a long pause)
+    monkeypatch.setattr(host_module, "FENCE_RECHECK", 0.0)  # every step checks (a long pause)
     log = with_offsets(partitioned(popo_log.notes()))
     views = SteppedViews()
     stale, owner = host(popo_log, views, log), host(popo_log, views, log)

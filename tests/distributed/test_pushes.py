@@ -17,6 +17,7 @@ from fanout.urls import kafka_settings
 from projections.delivery import Delivered
 from projections.hosting import ViewsTracked
 from projections.sharding import shard_of
+from streams.host import ProjectionHost
 from streams.pushes import (
     BEAT_LOOKBACK,
     PushPublisher,
@@ -32,7 +33,6 @@ from streams.pushes import (
     pushes_topic,
 )
 from streams.records import EventRecord
-from streams.worker import PartitionHost
 from tests.distributed.test_worker import PARAMS, LogBuilder, partitioned, write_log
 
 
@@ -283,7 +283,7 @@ def test_a_worker_publishes_a_push_only_after_its_unit_committed(pushes: tuple[s
     received: list[Delivered] = []
     subscriber = PushSubscriber(bootstrap, topic, received.append).start()
     try:
-        host = PartitionHost(views, PARAMS, lambda r: b.app.mapper.to_domain_event(r.stored_event()), on_effects)
+        host = ProjectionHost(views, PARAMS, lambda r: b.app.mapper.to_domain_event(r.stored_event()), on_effects)
         for p, records in partitioned(notes).items():
             current["partition"] = p
             if views.fail:

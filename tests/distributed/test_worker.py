@@ -10,7 +10,7 @@ reference (every query a client can make: heads, messages, delivery records, ses
 mailboxes, reviews, tiers, capacity totals), whatever Kafka redelivers, and never show a
 record of an aborted transaction.
 
-The unit-of-work logic (PartitionHost) is also driven directly over the in-memory views:
+The unit-of-work logic (ProjectionHost) is also driven directly over the in-memory views:
 batch splits, redelivery, a failing unit, a revoked partition."""
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ from projections.capacity import merged, state_name
 from projections.delivery import Delivered
 from projections.hosting import PROJECTIONS
 from streams.embedded import EmbeddedRunner
+from streams.host import ProjectionHost, Record
 from streams.pushes import PushSubscriber, ensure_topic, pushes_topic
 from streams.records import EventRecord, Watermark
 from streams.relay import RoutingKeys
 from streams.routing import partition_of
-from streams.worker import PartitionHost, Record
 
 ROOT = Path(__file__).resolve().parents[2]
 PARAMS = Parameters(mailbox_shards=4)
@@ -501,12 +501,12 @@ def partitioned(notes: Sequence[Any], partitions: int = PARTITIONS) -> dict[int,
     return out
 
 
-def host_for(b: LogBuilder, views: Any, effects: list[Any] | None = None) -> PartitionHost:
+def host_for(b: LogBuilder, views: Any, effects: list[Any] | None = None) -> ProjectionHost:
     def on_effects(es: Sequence[Any]) -> None:
         if effects is not None:
             effects.extend(es)
 
-    return PartitionHost(views, PARAMS, lambda r: b.app.mapper.to_domain_event(r.stored_event()), on_effects)
+    return ProjectionHost(views, PARAMS, lambda r: b.app.mapper.to_domain_event(r.stored_event()), on_effects)
 
 
 @pytest.fixture(scope="module")
