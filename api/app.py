@@ -53,7 +53,7 @@ async def executor_ctx(app: web.Application) -> AsyncIterator[None]:
     """The threads that run blocking (SQLite) commands and reads off the event loop, and
     the sends' own thread (api/commands.py)."""
     app[EXECUTOR] = ThreadPoolExecutor(max_workers=EXECUTOR_THREADS, thread_name_prefix="fanout-api")
-    app[COMMANDS] = CommandLane(asyncio.get_running_loop())
+    app[COMMANDS] = CommandLane(asyncio.get_running_loop(), group=app[RUNTIME].app.grouped)
     yield
     app[COMMANDS].close()
     app[EXECUTOR].shutdown(wait=True, cancel_futures=True)

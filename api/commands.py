@@ -5,7 +5,8 @@ The application runs its commands under one lock, so eight executor threads send
 once only queue on it, and each send paid a thread wake-up, the lock's hand-over and its
 own wake-up of the event loop (a write to its self-pipe, an epoll round). Here the sends
 that arrived while one ran are taken together: the loop is woken once per run, and a
-thread that is already running takes the next. Other commands and the reads stay on the
+thread that is already running takes the next; the application writes the run's sends in
+one event-store transaction (`group`, ADR-0030). Other commands and the reads stay on the
 executor (a REBUILD's wait for projection must not hold sends up)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from functools import partial
 from typing import Any, TypeVar
@@ -26,9 +27,28 @@ Work = tuple[Callable[[], Any], "asyncio.Future[Any]"]
 Outcome = tuple["asyncio.Future[Any]", Any, BaseException | None]
 
 
+def one_by_one(calls: Sequence[Callable[[], Any]]) -> list[tuple[Any, BaseException | None]]:
+    out: list[tuple[Any, BaseException | None]] = []
+    for call in calls:
+        try:
+            out.append((call(), None))
+        except BaseException as exc:  # handed to the caller, as an executor would
+            out.append((None, exc))
+    return out
+
+
 class CommandLane:
-    def __init__(self, loop: asyncio.AbstractEventLoop, name: str = "fanout-commands") -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        name: str = "fanout-commands",
+        *,
+        group: Callable[[Sequence[Callable[[], Any]]], list[tuple[Any, BaseException | None]]] = one_by_one,
+    ) -> None:
+        """`group`: runs the commands of one run and returns each one's outcome, in order
+        (`FanoutApplication.grouped`: one event-store transaction for the run, ADR-0030)."""
         self.loop = loop
+        self.group = group
         self._queue: queue.SimpleQueue[Work | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -61,14 +81,10 @@ class CommandLane:
                     break
             else:
                 stop = True
-            outcomes: list[Outcome] = []
-            for fn, future in run:
-                if future.cancelled():  # a read of a flag the loop sets: at worst the command runs
-                    continue
-                try:
-                    outcomes.append((future, fn(), None))
-                except BaseException as exc:  # handed to the caller, as an executor would
-                    outcomes.append((future, None, exc))
+            # a cancelled caller's command is skipped (a read of a flag the loop sets: at worst it runs)
+            live = [(fn, future) for fn, future in run if not future.cancelled()]
+            results = self.group([fn for fn, _ in live]) if live else []
+            outcomes: list[Outcome] = [(future, r, e) for (_, future), (r, e) in zip(live, results, strict=True)]
             if outcomes:
                 with suppress(RuntimeError):  # the loop is closed: nobody waits for these any more
                     self.loop.call_soon_threadsafe(_settle, outcomes)

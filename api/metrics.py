@@ -143,6 +143,18 @@ class _RuntimeCollector:
             "fanout_online_pushes", "Frames pushed to online devices (O(O) socket writes)", value=rt.hub.pushes_total
         )
         yield GaugeMetricFamily("fanout_online_connections", "Open WebSocket sessions", value=rt.hub.online_count())
+        app = rt.app
+        for name, doc, value in (
+            ("fanout_group_commits", "Event-store transactions of grouped commands (ADR-0030)", app.group_commits),
+            ("fanout_grouped_commands", "Commands written in those transactions", app.grouped_commands),
+            (
+                "fanout_group_fallbacks",
+                "Groups whose transaction failed (a lost race): their commands ran again one by one",
+                app.group_fallbacks,
+            ),
+            ("fanout_write_conflicts", "Saves that lost an optimistic-concurrency race and were retried", app.conflicts),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
         yield from host_counters(rt.host_counters())
         yield from rereview_series(self.metrics.watch, rt)
 

@@ -6,6 +6,11 @@ sends/s on this machine: docs/PERFORMANCE.md section 6).
     .venv/bin/python bench/distributed_small_groups.py                          # 1,000 groups of 20, 5,000 sends
     .venv/bin/python bench/distributed_small_groups.py --replicas 2 --tenants 2
     .venv/bin/python bench/distributed_small_groups.py --groups 50 --messages 300   # smoke
+    .venv/bin/python bench/distributed_small_groups.py --group 32    # 32 sends a PostgreSQL transaction
+
+--group N: each replica sends N at a time through `FanoutApplication.grouped`, one event-store
+transaction for the N (ADR-0030), as the HTTP command lane does with the sends queued behind
+one; 1 (the default) is one transaction per send.
 
 Uses the engines in $FANOUT_ENGINES_DIR/engines.env with a fresh database, topic and keyspace
 of its own (dropped at the end); the relay and --workers workers run as subprocesses. The
@@ -79,18 +84,31 @@ def replica(j: int, env: dict[str, str], args: dict[str, int], go: Any, out: Any
             refused: dict[str, int] = {}
             last = 0
             t0 = time.time()
-            for i in range(share):
-                g = mine[i % len(mine)]
-                t = time.perf_counter()
-                try:
-                    r = rt.app.send_message(
-                        tenant_of(g, args["tenants"]), f"g{g}", sender=f"u{i % args['members']}", text="hi"
+            size = args["group"]
+            for first in range(0, share, size):
+                calls = []
+                for i in range(first, min(first + size, share)):
+                    g = mine[i % len(mine)]
+                    calls.append(
+                        partial(
+                            rt.app.send_message,
+                            tenant_of(g, args["tenants"]),
+                            f"g{g}",
+                            sender=f"u{i % args['members']}",
+                            text="hi",
+                        )
                     )
-                except FanoutError as exc:  # e.g. UNAVAILABLE: every retry lost the race
-                    refused[exc.code] = refused.get(exc.code, 0) + 1
-                    continue
-                latencies.append(time.perf_counter() - t)
-                last = max(last, int(r["position"]))
+                t = time.perf_counter()
+                outcomes = rt.app.grouped(calls)
+                took = time.perf_counter() - t
+                for r, exc in outcomes:
+                    if isinstance(exc, FanoutError):  # e.g. UNAVAILABLE: every retry lost the race
+                        refused[exc.code] = refused.get(exc.code, 0) + 1
+                        continue
+                    if exc is not None:
+                        raise exc
+                    latencies.append(took)
+                    last = max(last, int(r["position"]))
             end = time.time()
             hwm = proc_status(os.getpid()).get("VmHWM", 0)
             out.put(("done", j, t0, end, latencies, last, rt.app.conflicts, refused, hwm))
@@ -127,6 +145,7 @@ def main() -> int:
     ap.add_argument("--replicas", type=int, default=1, help="API replica processes sending")
     ap.add_argument("--tenants", type=int, default=1, help="tenants the groups are spread over")
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--group", type=int, default=1, help="sends per event-store transaction (ADR-0030)")
     ap.add_argument("--pause-workers", action="store_true", help="SIGSTOP the workers while the replicas send "
                     "(the command side alone on the cores), SIGCONT after; the projection is timed from then")  # fmt: skip
     ap.add_argument("--partitions", type=int, default=4)
@@ -160,7 +179,7 @@ def main() -> int:
 
         ctx = mp.get_context("spawn")
         go, out = ctx.Event(), ctx.Queue()
-        shared = {k: getattr(args, k) for k in ("groups", "members", "messages", "replicas", "tenants")}
+        shared = {k: getattr(args, k) for k in ("groups", "members", "messages", "replicas", "tenants", "group")}
         for j in range(args.replicas):
             p = ctx.Process(target=replica, args=(j, env, shared, go, out), name=f"replica-{j + 1}")
             p.start()

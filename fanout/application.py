@@ -45,7 +45,7 @@ from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 from uuid import UUID
 
-from eventsourcing.application import AggregateNotFoundError, Application
+from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
 from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import InfrastructureFactory, RecordConflictError, Recording
 from eventsourcing.utils import Environment, get_topic
@@ -143,6 +143,45 @@ class Unit(list[Aggregate]):
             self.append(aggregate)
 
 
+class Group:
+    """Commands run together by `FanoutApplication.grouped` on one thread: each decided on its
+    own, their events staged in one ProcessingEvent and written in ONE event-store transaction
+    (ADR-0030)."""
+
+    def __init__(self) -> None:
+        self.owner = threading.get_ident()
+        self.processing: ProcessingEvent[UUID] = ProcessingEvent()
+        self.units: list[tuple[Unit, int, int]] = []  # a unit and its slice of processing.events
+        self.answers: list[tuple[dict[str, Any], Unit]] = []  # results whose position awaits the commit
+        self.evicted: set[UUID] = set()  # aggregates a refused command of the group dropped from the cache
+
+    def stage(self, unit: Unit) -> None:
+        first = len(self.processing.events)
+        if unit:
+            self.processing.collect_events(*unit)
+        self.units.append((unit, first, len(self.processing.events)))
+
+    def reset(self) -> None:
+        """After the staged commands were written: the next ones start a new transaction."""
+        self.processing = ProcessingEvent()
+        self.units, self.answers, self.evicted = [], [], set()
+
+
+class GroupBroken(Exception):  # noqa: N818 (control flow of `grouped`, never raised out of it)
+    """Writing a group's staged commands failed while a later command of the group needed
+    them written: nothing of them is written, and the group runs again alone from them."""
+
+
+Outcome = tuple[Any, BaseException | None]
+
+
+def _outcome(call: Callable[[], Any]) -> Outcome:
+    try:
+        return call(), None
+    except BaseException as exc:  # handed to its caller, as an executor would
+        return None, exc
+
+
 class FanoutApplication(Application[UUID]):
     name = "fanout"
     snapshotting_intervals = {
@@ -199,6 +238,10 @@ class FanoutApplication(Application[UUID]):
         self.recorded_listeners: list[Callable[[list[tuple[int, int]]], None]] = []
         self._loaded: list[Aggregate] = []
         self._unit_now: Unit | None = None
+        self._group: Group | None = None  # the commands being grouped (on its owner thread)
+        self.group_commits = 0  # transactions of grouped commands
+        self.grouped_commands = 0  # commands written in them
+        self.group_fallbacks = 0  # groups whose one transaction failed: their commands ran again alone
         self._local = threading.local()  # .fresh: this thread's command re-decides on fresh aggregates
         self.stale_decisions = 0  # commands decided again because an unchecked aggregate was not saved
         # (tenant, size bucket) -> until when (monotonic) it is known to have no tier
@@ -249,7 +292,14 @@ class FanoutApplication(Application[UUID]):
         check_tenant(tenant)
         found: Aggregate | None = None
         unit = self._unit_now
-        if saves and self.shared_store and unit is not None and not getattr(self._local, "fresh", False):
+        fresh = getattr(self._local, "fresh", False)
+        group = self._grouping()
+        if group is not None and not fresh and aggregate_id not in group.evicted:
+            # staged by an earlier command of the group: newer than the store (ADR-0030)
+            found = group.processing.aggregates.get(aggregate_id)  # type: ignore[assignment]
+            if found is not None and self.shared_store and unit is not None and not monotone:
+                unit.unchecked.append(found)
+        if found is None and saves and self.shared_store and unit is not None and not fresh:
             cache = self.repository.cache
             if cache is not None:
                 with suppress(KeyError):
@@ -299,19 +349,31 @@ class FanoutApplication(Application[UUID]):
                     raise
                 if any(not any(a is t for t in touched) for a in touched.unchecked):
                     raise StaleDecision(None)
+                group = self._grouping()
+                if group is not None:  # written with the group's other commands (ADR-0030)
+                    group.stage(touched)
+                    return
                 if touched:
                     recordings = self.save(*touched)
                     if recordings:
                         touched.position = max(r.notification.id for r in recordings)
-                for key, applied, recorded in touched.activity:
-                    self._activity_saved(key, applied)
-                    self.activity_events += recorded
+                self._saved(touched)
             except BaseException as exc:
                 if isinstance(exc, RecordConflictError) and any(isinstance(a, TenantQuotaSlot) for a in touched):
                     self._move_slot()
-                for a in [*touched, *self._loaded]:
-                    if a in touched or getattr(a, "_pending_events", None):
-                        self._evict(a.id)
+                dropped = [a for a in [*touched, *self._loaded] if a in touched or getattr(a, "_pending_events", None)]
+                group = self._grouping()
+                if group is not None and any(a.id in group.processing.aggregates for a in dropped):
+                    # This command changed an aggregate earlier commands of the group staged, and
+                    # failed: write theirs now, so that the next commands load them as written.
+                    try:
+                        self._commit(group)
+                    except BaseException as failed:
+                        self._abandon(group, failed)
+                        raise GroupBroken() from failed
+                    group.reset()
+                for a in dropped:
+                    self._evict(a.id)
                 unavailable = None if isinstance(exc, FanoutError | StaleDecision) else storage_unavailable(exc)
                 if unavailable is not None:  # a full disk: 503 UNAVAILABLE, nothing written
                     raise unavailable from exc
@@ -321,6 +383,88 @@ class FanoutApplication(Application[UUID]):
         if touched:
             for listener in self.saved_listeners:
                 listener()
+
+    def _saved(self, unit: Unit) -> None:
+        for key, applied, recorded in unit.activity:
+            self._activity_saved(key, applied)
+            self.activity_events += recorded
+
+    # -- group commit of queued commands (ADR-0030) ---------------------------------------
+
+    def _grouping(self) -> Group | None:
+        g = self._group
+        return g if g is not None and g.owner == threading.get_ident() else None
+
+    def grouped(self, calls: Sequence[Callable[[], Any]]) -> list[Outcome]:
+        """Run commands of this application (`partial(app.send_message, ...)`) in order, as if
+        one after another, with their events written in ONE event-store transaction: each
+        returns or raises as it would alone; a refused one writes nothing and the others go
+        on. A refused command that had changed an aggregate staged by earlier ones has those
+        written first (two transactions). If a transaction fails (another writer won a race
+        on one of its aggregates, or the store refused it), nothing of it is written and its
+        commands and every later one run again alone, in order. Returns (result, None) or
+        (None, exception) per call."""
+        if len(calls) < 2 or self._grouping() is not None:
+            return [_outcome(c) for c in calls]
+        outcomes: list[Outcome] = []
+        with self.lock:
+            group = self._group = Group()
+            written = 0  # calls[:written] are written (or wrote nothing)
+            try:
+                for c in calls:
+                    outcome = _outcome(c)
+                    if isinstance(outcome[1], GroupBroken):
+                        break
+                    outcomes.append(outcome)
+                    if not group.units:  # a piece was written within this call
+                        written = len(outcomes)
+                else:
+                    try:
+                        self._commit(group)
+                    except BaseException as exc:
+                        self._abandon(group, exc)
+                    else:
+                        return outcomes
+            finally:
+                self._group = None
+        self.group_fallbacks += 1
+        return outcomes[:written] + [_outcome(c) for c in calls[written:]]  # alone, in order
+
+    def _commit(self, group: Group) -> None:
+        """The group's one transaction, then what each command's own save would have done."""
+        pe = group.processing
+        top: int | None = None
+        if pe.events:
+            recordings = self._record(pe)
+            self.group_commits += 1
+            self.grouped_commands += len(group.units)
+            self._take_snapshots(pe)
+            self._notify(recordings)
+            at = {id(r.domain_event): r.notification.id for r in recordings}
+            for unit, first, end in group.units:
+                if end > first:
+                    unit.position = max(at[id(e)] for e in pe.events[first:end])
+            top = max(at.values())
+        for unit, _, _ in group.units:
+            self._saved(unit)
+        for aggregate_id in group.evicted:  # the commit may have cached it as a refused command left it
+            self._evict(aggregate_id)
+        if group.answers:
+            top = top if top is not None else self.log_position()
+            for result, unit in group.answers:
+                result["position"] = unit.position if unit.position is not None else top
+        if pe.events:
+            for listener in self.saved_listeners:
+                listener()
+
+    def _abandon(self, group: Group, exc: BaseException) -> None:
+        """The group's transaction failed: drop every aggregate it touched from the cache."""
+        aggregates = list(group.processing.aggregates.values())
+        if isinstance(exc, RecordConflictError) and any(isinstance(a, TenantQuotaSlot) for a in aggregates):
+            self._move_slot()
+        for aggregate_id in {*group.processing.aggregates, *group.evicted}:
+            self._evict(aggregate_id)
+        log.debug("a group of %d commands was not written (%s); running them alone", len(group.units), exc)
 
     @staticmethod
     def slot_of(replica_id: str, slots: int) -> int:
@@ -351,11 +495,19 @@ class FanoutApplication(Application[UUID]):
 
     def _positioned(self, result: dict[str, Any], unit: Unit) -> dict[str, Any]:
         """A command's answer with its log position (read-your-writes): the last event it
-        recorded, or the current log position when it recorded nothing."""
+        recorded, or the current log position when it recorded nothing (in a group: once the
+        group is written)."""
+        group = self._grouping()
+        if group is not None:
+            group.answers.append((result, unit))
+            return result
         result["position"] = unit.position if unit.position is not None else self.log_position()
         return result
 
     def _evict(self, aggregate_id: UUID) -> None:
+        group = self._grouping()
+        if group is not None:
+            group.evicted.add(aggregate_id)
         cache = getattr(self.repository, "cache", None)
         if cache is not None:
             with suppress(KeyError):

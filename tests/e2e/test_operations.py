@@ -17,6 +17,10 @@ METRIC_NAMES = [
     "fanout_projection_lag",
     "fanout_review_triggers_total",
     "fanout_online_pushes_total",
+    "fanout_group_commits_total",
+    "fanout_grouped_commands_total",
+    "fanout_group_fallbacks_total",
+    "fanout_write_conflicts_total",
     "fanout_send_seconds_bucket",
 ]
 

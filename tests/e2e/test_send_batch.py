@@ -170,3 +170,28 @@ async def test_the_openapi_document_describes_the_batch_and_its_results(api: Api
     batch_schema = doc["components"]["schemas"]["SendBatch"]["properties"]["messages"]
     assert batch_schema["maxItems"] == MAX_BATCH and batch_schema["minItems"] == 1
     assert {"BatchResult", "BatchSent", "BatchRefused", "BatchedMessage"} <= set(doc["components"]["schemas"])
+
+
+def series(text: str, name: str) -> float:
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert m, name
+    return float(m.group(1))
+
+
+async def test_a_batch_is_written_in_one_event_store_transaction(api: Api, cid: str) -> None:
+    """ADR-0030: the batch's sends are grouped; /metrics counts the transaction and its sends."""
+    svc = await conversation(api, "acme", cid, ["ann", "bob", "cat"])
+
+    async def metrics() -> str:
+        async with api.session.get(api.server.url + "/metrics") as resp:
+            return await resp.text()
+
+    before = await metrics()
+    body = expect(
+        await batch(svc, [{"conversation_id": cid, "sender": s, "text": f"from {s}"} for s in ("ann", "bob", "cat")]),
+        200,
+    )
+    assert [r["status"] for r in body["results"]] == [201, 201, 201]
+    after = await metrics()
+    assert series(after, "fanout_group_commits_total") - series(before, "fanout_group_commits_total") >= 1
+    assert series(after, "fanout_grouped_commands_total") - series(before, "fanout_grouped_commands_total") >= 3
