@@ -456,6 +456,8 @@ class CassandraWriter:
 class CassandraViews:
     """A ViewStore on Cassandra (plus the mailbox store it is given)."""
 
+    atomic_units = False  # a commit in rounds (ADR-0025): a crash between them leaves some written
+
     def __init__(
         self,
         session: Session,

@@ -167,6 +167,8 @@ class MemoryWriter:
 class MemoryViews:
     """A ViewStore in memory (plus its mailbox store)."""
 
+    atomic_units = True  # a unit's writes are applied at its end, all of them
+
     def __init__(self, mailbox: MemoryMailbox | None = None, *, partitions: int = 1) -> None:
         """`partitions`: the log's partition count (the low watermark is the minimum over them)."""
         self.mailbox = mailbox if mailbox is not None else MemoryMailbox()

@@ -394,6 +394,8 @@ class SqliteWriter:
 class SqliteViews:
     """The views database plus the mailbox store; one writer, many readers."""
 
+    atomic_units = True  # one SQLite transaction (the mailbox's idempotent entries ahead of it)
+
     def __init__(
         self, data_dir: Path | str, mailbox: MailboxStore, *, prefix: str = "", readonly: bool = False
     ) -> None:

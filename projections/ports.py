@@ -237,6 +237,11 @@ class ViewStore(ViewReader, Protocol):
     """The views a projection host owns: the reads, the units of work, the mailbox."""
 
     mailbox: MailboxStore
+    # A unit's member states, rows, heads and tracking commit in one transaction (only the
+    # idempotent mailbox entries may land ahead of them): SQLite and memory. Cassandra commits
+    # in rounds, and the host then keeps a reshaping event alone in its conversation's unit
+    # (streams/host.py ALONE, ADR-0025, ADR-0029).
+    atomic_units: bool
 
     def unit_of_work(
         self, parts: frozenset[str] = ALL_PARTS, *, now: float | None = None

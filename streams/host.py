@@ -83,7 +83,8 @@ class HostStats:
 # the unit left them: a send replayed with a later join's states would reach the joiner.
 # With a reshaping event alone among its conversation's events, the sends replayed with any
 # reloaded states are only those of units where the member set did not change (ADR-0014,
-# ADR-0025).
+# ADR-0025). A store whose units are one transaction (`ViewStore.atomic_units`: SQLite, memory)
+# never leaves states without their head, and its units are not cut (ADR-0029).
 ALONE = frozenset(
     topics_of(
         Conversation.Created,
@@ -367,6 +368,7 @@ class ProjectionHost:
         wanted = self._topics or frozenset()
         count = applied = skipped = 0
         top = 0
+        alone = frozenset() if getattr(self.views, "atomic_units", False) else ALONE
         touched: set[Any] = set()  # the conversations (aggregates) with an event in this unit
         reshaped: set[Any] = set()  # those whose event in this unit reshapes their member states
         for r in records:
@@ -380,12 +382,12 @@ class ProjectionHost:
             if r.topic not in wanted:
                 continue  # an event no projection folds (a quota charge): tracked only
             aggregate = r.originator_id
-            if aggregate in reshaped or (r.topic in ALONE and aggregate in touched):
+            if aggregate in reshaped or (r.topic in alone and aggregate in touched):
                 count -= 1  # end the unit before it: see ALONE
                 top = max((x.position for x in records[:count]), default=0)
                 break
             touched.add(aggregate)
-            if r.topic in ALONE:
+            if r.topic in alone:
                 reshaped.add(aggregate)
             event = self.to_domain_event(r)
             labels.add(type(event).__name__)

@@ -51,6 +51,8 @@ class CrashingViews:
     """MemoryViews whose `crash_at`-th unit of work commits without its heads and tracking
     and then fails, as a worker killed between Cassandra writes would."""
 
+    atomic_units = False  # like Cassandra's commit in rounds: the host keeps the ALONE rule
+
     def __init__(self, crash_at: int) -> None:
         self.views = MemoryViews()
         self.crash_at = crash_at
