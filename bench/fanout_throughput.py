@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 
 from domain.params import Parameters, Rate
-from fanout.bootstrap import EmbeddedRuntime, bootstrap
+from fanout.bootstrap import bootstrap
+from fanout.embedded import EmbeddedRuntime
 
 
 def rss_peak_mib() -> float:

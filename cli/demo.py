@@ -31,9 +31,10 @@ from eventsourcing.utils import get_topic
 from domain.conversation import Conversation
 from domain.errors import RateLimited
 from domain.params import Parameters
-from fanout.bootstrap import DataDirLock, EmbeddedRuntime, bootstrap
+from fanout.bootstrap import DataDirLock, bootstrap
 from fanout.clock import FakeClock
 from fanout.distributed import DistributedRuntime
+from fanout.embedded import EmbeddedRuntime
 from fanout.push import Connection
 from projections.state import unread_exact
 

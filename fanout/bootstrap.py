@@ -16,8 +16,9 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 from adapters.rocksdb_mailbox import RocksMailbox
 from adapters.sqlite_views import SqliteViews
@@ -25,15 +26,12 @@ from domain.params import Parameters
 from fanout.application import FanoutApplication
 from fanout.config import ConfigError, EngineUnavailable, Settings, is_distributed
 from fanout.distributed import Closeable, DistributedRuntime
-from fanout.overload import Backpressure
-from fanout.push import PushHub
-from fanout.queries import Queries
+from fanout.embedded import EmbeddedRuntime
 from fanout.rereview import MailboxMeter
-from fanout.runtime import Runtime, ViewReads
+from fanout.runtime import Runtime
 from fanout.urls import CassandraSettings, KafkaSettings, cassandra_settings, kafka_settings, postgres_env
-from projections.capacity import CapacityProjection, ReviewTrigger
 from projections.delivery import Delivered
-from projections.hosting import PROJECTIONS, Effect, ViewsTracked
+from projections.hosting import Effect, ViewsTracked
 from projections.ports import MailboxStore, ViewStore
 from streams.embedded import EmbeddedRunner
 from streams.routing import conversation_partition
@@ -50,6 +48,13 @@ EMBEDDED_ENGINES = ("sqlite", "embedded", "sqlite")
 
 class DataDirBusy(RuntimeError):
     pass
+
+
+def _embedded_runner(
+    views: ViewStore, params: Parameters, app: FanoutApplication, on_effects: Callable[[Sequence[Effect]], None]
+) -> EmbeddedRunner:
+    """The embedded runtime's projector: the notification log into the one projection host."""
+    return EmbeddedRunner(app, views, params, on_effects=on_effects)
 
 
 class DataDirLock:
@@ -204,6 +209,7 @@ def bootstrap(
             clock=clock,
             lock=data_lock,
             meter=meter,
+            projector=partial(_embedded_runner, views, params),
         )
     except BaseException:
         if built is not None:
@@ -211,141 +217,6 @@ def bootstrap(
         if data_lock is not None:
             data_lock.release()
         raise
-
-
-class EmbeddedRuntime:
-    """One process: the command side, the views, the in-process projection runner and
-    the push hub over one data dir. Implements `fanout.runtime.Runtime`; built by
-    `bootstrap`, which hands it its adapters."""
-
-    def __init__(
-        self,
-        data_dir: Path,
-        params: Parameters,
-        views: ViewStore,
-        event_store_env: Mapping[str, str],
-        *,
-        clock: Callable[[], float] = time.time,
-        lock: DataDirLock | None = None,
-        meter: MailboxMeter | None = None,
-    ) -> None:
-        self.data_dir = data_dir
-        self.meter = meter
-        self.params = params
-        self.clock = clock
-        self._lock = lock
-        self.views = views
-        reads = ViewReads(views, position=lambda: self.runner.position(), catch_up=self._projected)
-        self.app = reads.app = open_application(params, data_dir, env=event_store_env, clock=clock, **reads.wiring())
-        self.queries = Queries(views, params)
-        self.hub = PushHub(views)
-        self.runner = EmbeddedRunner(self.app, views, params, on_effects=self._on_effects)
-        self.app.saved_listeners.append(self.runner.wake)
-        self.backpressure = Backpressure(
-            self.runner,
-            self.runner.log_position(),
-            max_events=params.max_projection_lag_events,
-            max_entries=params.max_projection_lag_entries,
-        )
-        self.app.recorded_listeners.append(self.backpressure.recorded)
-        self.review_triggers = 0
-        self.started_at = time.time()
-
-    # -- wiring: what the command side reads from the views -----------------------------
-
-    def _projected(self) -> None:
-        if self.runner.running:
-            self.runner.wait_until(self.runner.log_position(), timeout=30)
-
-    def _on_effects(self, effects: Sequence[Effect]) -> None:
-        """After a unit of work commits: online pushes (invariant O), and the reviews
-        T1/T2 open (ADR decision 3: a trigger only opens one; a person decides)."""
-        for effect in effects:
-            try:
-                if isinstance(effect, Delivered):
-                    pushes = self.hub.deliver(effect)
-                    self.views.record_pushes(effect.tenant, effect.conversation_id, effect.seq, pushes)
-                elif isinstance(effect, ReviewTrigger):
-                    t = effect
-                    self.app.open_review(
-                        t.tenant, t.size_bucket, t.trigger, t.details, "capacity-monitor", review_key=t.review_key
-                    )
-                    self.review_triggers += 1
-            except Exception:
-                log.exception("could not act on %s (the views are committed)", type(effect).__name__)
-
-    # -- the projectors (Runtime) ---------------------------------------------------------
-
-    @property
-    def running(self) -> bool:
-        return self.runner.running
-
-    @property
-    def last_error(self) -> str | None:
-        return self.runner.last_error
-
-    @property
-    def failure_reason(self) -> str | None:
-        return self.runner.failure_reason
-
-    def position(self, partition: int | None = None) -> int:
-        return self.runner.position()  # one log, one partition: the same position
-
-    def log_position(self) -> int:
-        return self.runner.log_position()
-
-    def wait_until(self, position: int, timeout: float = 30.0, partition: int | None = None) -> bool:
-        return self.runner.wait_until(position, timeout)
-
-    def conversation_partition(self, tenant: str, conversation_id: str) -> int | None:
-        return None  # the runner applies the log in one order: no partition to wait for apart
-
-    def catch_up(self) -> None:
-        if self.runner.running:
-            self.wait_projected(timeout=60.0)
-        else:
-            self.runner.catch_up()
-
-    def wait_projected(self, timeout: float = 30.0) -> bool:
-        """Block until the views hold every event written so far."""
-        return self.runner.wait_until(self.runner.log_position(), timeout)
-
-    def projections_status(self) -> dict[tuple[str, int], int]:
-        return self.views.positions() or {(PROJECTIONS[0], 0): self.runner.position()}
-
-    def host_counters(self) -> dict[str, dict[str, int]]:
-        return {}  # one writer, in this process: nothing to fence or heal
-
-    def capacity(self) -> CapacityProjection:
-        return next(p for p in self.runner.projections if isinstance(p, CapacityProjection))
-
-    def check(self) -> dict[str, Any]:
-        return {}
-
-    def mailbox_cost(self) -> tuple[float | None, int]:
-        if self.meter is None:  # views handed in by a caller: their mailbox is not timed
-            return None, 0
-        return self.meter.seconds, self.meter.entries
-
-    # -- lifecycle ------------------------------------------------------------------------
-
-    def start(self) -> Self:
-        self.runner.start()
-        return self
-
-    def close(self) -> None:
-        self.runner.stop()
-        self.hub.close()
-        self.views.close()
-        self.app.close()
-        if self._lock is not None:
-            self._lock.release()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 # -- the distributed runtime --------------------------------------------------------------

@@ -26,7 +26,8 @@ from typing import Any, TextIO
 
 from adapters.sqlite_rebuild import SqliteAsideBuilds
 from domain.params import Parameters
-from fanout.bootstrap import EmbeddedRuntime, bootstrap, open_views
+from fanout.bootstrap import bootstrap, open_views
+from fanout.embedded import EmbeddedRuntime
 from projections.delivery import DeliveryProjection
 from projections.ports import ALL_PARTS, AsideBuilds, StaleAside, ViewStore
 from streams.embedded import EmbeddedRunner

@@ -7,7 +7,8 @@ import dataclasses
 from pathlib import Path
 
 from domain.params import Parameters, Rate
-from fanout.bootstrap import EmbeddedRuntime, bootstrap
+from fanout.bootstrap import bootstrap
+from fanout.embedded import EmbeddedRuntime
 
 
 class Clock:

@@ -24,7 +24,8 @@ from domain.errors import (
 from domain.params import Parameters
 from domain.review import Review
 from domain.tier import Tier
-from fanout.bootstrap import EmbeddedRuntime, bootstrap
+from fanout.bootstrap import bootstrap
+from fanout.embedded import EmbeddedRuntime
 
 T = "t1"
 PARAMS = Parameters(max_group_members=12, small_max_members=4, medium_max_members=8, max_text_length=100)

@@ -19,7 +19,8 @@ from domain.errors import FanoutError, InvalidArgument, NotFound
 from domain.params import Parameters
 from domain.quota import TenantQuota
 from domain.tier import Tier
-from fanout.bootstrap import EmbeddedRuntime, bootstrap
+from fanout.bootstrap import bootstrap
+from fanout.embedded import EmbeddedRuntime
 
 PARAMS = Parameters(max_group_members=50, small_max_members=10, medium_max_members=20)
 

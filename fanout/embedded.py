@@ -1,0 +1,202 @@
+"""The embedded runtime: one process over one data dir, the command side, the views, the
+in-process projection runner (`streams/embedded.py`, the shared host of `streams/host.py`) and
+the push hub. Implements `fanout.runtime.Runtime` as `fanout/distributed.py` does for the
+distributed runtime; built by the composition root (`fanout/bootstrap.py` `bootstrap`), which
+picks its adapters and hands them in."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, Self
+
+from domain.params import Parameters
+from fanout.application import FanoutApplication
+from fanout.overload import Backpressure
+from fanout.push import PushHub
+from fanout.queries import Queries
+from fanout.rereview import MailboxMeter
+from fanout.runtime import ViewReads
+from projections.capacity import CapacityProjection, ReviewTrigger
+from projections.delivery import Delivered
+from projections.hosting import PROJECTIONS, Effect
+from projections.ports import ViewStore
+
+log = logging.getLogger("fanout.runtime")
+
+
+class Releasable(Protocol):
+    """The data dir's lock (fanout/bootstrap.py DataDirLock), released at close."""
+
+    def release(self) -> None: ...
+
+
+class Projector(Protocol):
+    """The in-process projection runner the composition root hands in (streams/embedded.py
+    EmbeddedRunner): what the runtime, its backpressure and /readyz read of it."""
+
+    committed: int
+    last_error: str | None
+    failure_reason: str | None
+
+    @property
+    def running(self) -> bool: ...
+
+    @property
+    def projections(self) -> tuple[Any, ...]: ...
+
+    def wake(self) -> None: ...
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float = 10.0) -> None: ...
+
+    def position(self) -> int: ...
+
+    def log_position(self) -> int: ...
+
+    def wait_until(self, position: int, timeout: float = 30.0) -> bool: ...
+
+    def catch_up(self, progress: Callable[[int], None] | None = None) -> int: ...
+
+
+# (the application, what to do with the effects of each committed unit) -> the runner
+ProjectorFactory = Callable[[FanoutApplication, Callable[[Sequence[Effect]], None]], Projector]
+
+
+class EmbeddedRuntime:
+    """One process: the command side, the views, the in-process projection runner and
+    the push hub over one data dir. Implements `fanout.runtime.Runtime`; built by
+    `bootstrap`, which hands it its adapters."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        params: Parameters,
+        views: ViewStore,
+        event_store_env: Mapping[str, str],
+        *,
+        clock: Callable[[], float] = time.time,
+        lock: Releasable | None = None,
+        meter: MailboxMeter | None = None,
+        projector: ProjectorFactory,
+    ) -> None:
+        self.data_dir = data_dir
+        self.meter = meter
+        self.params = params
+        self.clock = clock
+        self._lock = lock
+        self.views = views
+        reads = ViewReads(views, position=lambda: self.runner.position(), catch_up=self._projected)
+        self.app = reads.app = FanoutApplication(params, dict(event_store_env), clock=clock, **reads.wiring())
+        self.queries = Queries(views, params)
+        self.hub = PushHub(views)
+        self.runner = projector(self.app, self._on_effects)
+        self.app.saved_listeners.append(self.runner.wake)
+        self.backpressure = Backpressure(
+            self.runner,
+            self.runner.log_position(),
+            max_events=params.max_projection_lag_events,
+            max_entries=params.max_projection_lag_entries,
+        )
+        self.app.recorded_listeners.append(self.backpressure.recorded)
+        self.review_triggers = 0
+        self.started_at = time.time()
+
+    # -- wiring: what the command side reads from the views -----------------------------
+
+    def _projected(self) -> None:
+        if self.runner.running:
+            self.runner.wait_until(self.runner.log_position(), timeout=30)
+
+    def _on_effects(self, effects: Sequence[Effect]) -> None:
+        """After a unit of work commits: online pushes (invariant O), and the reviews
+        T1/T2 open (ADR decision 3: a trigger only opens one; a person decides)."""
+        for effect in effects:
+            try:
+                if isinstance(effect, Delivered):
+                    pushes = self.hub.deliver(effect)
+                    self.views.record_pushes(effect.tenant, effect.conversation_id, effect.seq, pushes)
+                elif isinstance(effect, ReviewTrigger):
+                    t = effect
+                    self.app.open_review(
+                        t.tenant, t.size_bucket, t.trigger, t.details, "capacity-monitor", review_key=t.review_key
+                    )
+                    self.review_triggers += 1
+            except Exception:
+                log.exception("could not act on %s (the views are committed)", type(effect).__name__)
+
+    # -- the projectors (Runtime) ---------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self.runner.running
+
+    @property
+    def last_error(self) -> str | None:
+        return self.runner.last_error
+
+    @property
+    def failure_reason(self) -> str | None:
+        return self.runner.failure_reason
+
+    def position(self, partition: int | None = None) -> int:
+        return self.runner.position()  # one log, one partition: the same position
+
+    def log_position(self) -> int:
+        return self.runner.log_position()
+
+    def wait_until(self, position: int, timeout: float = 30.0, partition: int | None = None) -> bool:
+        return self.runner.wait_until(position, timeout)
+
+    def conversation_partition(self, tenant: str, conversation_id: str) -> int | None:
+        return None  # the runner applies the log in one order: no partition to wait for apart
+
+    def catch_up(self) -> None:
+        if self.runner.running:
+            self.wait_projected(timeout=60.0)
+        else:
+            self.runner.catch_up()
+
+    def wait_projected(self, timeout: float = 30.0) -> bool:
+        """Block until the views hold every event written so far."""
+        return self.runner.wait_until(self.runner.log_position(), timeout)
+
+    def projections_status(self) -> dict[tuple[str, int], int]:
+        return self.views.positions() or {(PROJECTIONS[0], 0): self.runner.position()}
+
+    def host_counters(self) -> dict[str, dict[str, int]]:
+        return {}  # one writer, in this process: nothing to fence or heal
+
+    def capacity(self) -> CapacityProjection:
+        return next(p for p in self.runner.projections if isinstance(p, CapacityProjection))
+
+    def check(self) -> dict[str, Any]:
+        return {}
+
+    def mailbox_cost(self) -> tuple[float | None, int]:
+        if self.meter is None:  # views handed in by a caller: their mailbox is not timed
+            return None, 0
+        return self.meter.seconds, self.meter.entries
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> Self:
+        self.runner.start()
+        return self
+
+    def close(self) -> None:
+        self.runner.stop()
+        self.hub.close()
+        self.views.close()
+        self.app.close()
+        if self._lock is not None:
+            self._lock.release()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
