@@ -31,8 +31,9 @@ from projections.hosting import build_projections
 from projections.ports import ViewStore
 from streams.embedded import EmbeddedRunner
 from streams.host import Record
+from streams.records import EventRecord
 from tests.contract.test_view_store import CassandraKeyspace
-from tests.distributed.test_worker import PARAMS, LogBuilder, host_for, partitioned, snapshot, write_log
+from tests.host_log import PARAMS, PARTITIONS, LogBuilder, host_for, partitioned, snapshot, write_log
 
 
 class Crash(Exception):
@@ -217,3 +218,87 @@ class TestCassandraViewsHost(ProjectionHostContract):
     @classmethod
     def make(cls, path: Path) -> ViewStore:
         return cls.keyspace.views()
+
+
+# -- the host on in-memory views: batches, redelivery, a failed unit, a revoked partition -----------
+
+
+@pytest.mark.parametrize("batch", [1, 7, 1000])
+def test_the_host_builds_the_reference_views_whatever_the_batches(log: LogBuilder, batch: int) -> None:
+    views = MemoryViews()
+    effects: list[Any] = []
+    host = host_for(log, views, effects)
+    by_partition = partitioned(log.notes())
+    for p, records in by_partition.items():
+        for i in range(0, len(records), batch):
+            host.apply(p, records[i : i + batch])
+    assert snapshot(views) == snapshot(log.views)
+    sent = sum(
+        1 for r in sum(by_partition.values(), []) if isinstance(r, EventRecord) and r.topic.endswith("MessageSent")
+    )
+    assert sum(isinstance(e, Delivered) for e in effects) == sent
+
+    # Redelivered from the start, by a fresh host (a rebalance) and by this one: nothing changes.
+    before = snapshot(views)
+    for h in (host, host_for(log, views, effects)):
+        n = len(effects)
+        for p, records in by_partition.items():
+            h.apply(p, records)
+        assert snapshot(views) == before and len(effects) == n
+
+
+class FailingViews(MemoryViews):
+    """In-memory views whose units of work fail while `failures` > 0 (after the writes)."""
+
+    failures = 0
+
+    def unit_of_work(self, *args: Any, **kwargs: Any) -> Any:
+        from contextlib import contextmanager
+
+        inner = super().unit_of_work
+
+        @contextmanager
+        def unit() -> Iterator[Any]:
+            with inner(*args, **kwargs) as w:
+                yield w
+                if self.failures > 0:
+                    self.failures -= 1
+                    raise OSError("disk I/O error (injected)")
+
+        return unit()
+
+
+def test_a_failed_unit_changes_nothing_and_the_retry_applies_it_once(log: LogBuilder) -> None:
+    views = FailingViews()
+    effects: list[Any] = []
+    host = host_for(log, views, effects)
+    by_partition = partitioned(log.notes())
+    for p, records in by_partition.items():
+        half = len(records) // 2
+        host.apply(p, records[:half])
+        views.failures = 2
+        for _ in range(2):
+            with pytest.raises(OSError):
+                host.apply(p, records[half:])
+        host.apply(p, records[half:])  # the same records again, as the worker retries them
+    assert snapshot(views) == snapshot(log.views)
+    assert host.stats.failures == 2 * PARTITIONS
+    sent = sum(1 for n in log.notes() if n.topic.endswith("MessageSent"))
+    assert sum(isinstance(e, Delivered) for e in effects) == sent  # effects only of committed units
+
+
+def test_a_revoked_partition_is_forgotten_and_reloaded_from_the_views(log: LogBuilder) -> None:
+    views = MemoryViews()
+    by_partition = partitioned(log.notes())
+    first, second = host_for(log, views), host_for(log, views)
+    for p, records in by_partition.items():
+        half = len(records) // 2
+        first.apply(p, records[:half])
+    assert all(len(records) > 2 for records in by_partition.values()), "a partition without events"
+    first.forget([0, 1])
+    assert first.partitions == [2, 3]
+    # Another worker takes partitions 0 and 1 over from their first record; this one keeps 2, 3.
+    for p, records in by_partition.items():
+        (second if p in (0, 1) else first).apply(p, records)
+    assert snapshot(views) == snapshot(log.views)
+    assert second.stats.skipped > 0

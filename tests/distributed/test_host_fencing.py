@@ -22,7 +22,7 @@ from adapters.memory import MemoryViews
 from streams import host as host_module
 from streams.host import Fenced, Record
 from streams.records import EventRecord, Watermark
-from tests.distributed.test_worker import LogBuilder, host_for, partitioned, popo_log, snapshot  # noqa: F401
+from tests.host_log import LogBuilder, host_for, partitioned, popo_log, snapshot  # noqa: F401
 
 Offsets = dict[int, list[Record]]
 

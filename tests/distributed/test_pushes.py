@@ -33,7 +33,7 @@ from streams.pushes import (
     pushes_topic,
 )
 from streams.records import EventRecord
-from tests.distributed.test_worker import PARAMS, LogBuilder, partitioned, write_log
+from tests.host_log import PARAMS, LogBuilder, partitioned, write_log
 
 
 def by_shard(users: list[str], shards: int = 4) -> dict[int, list[str]]:

@@ -10,8 +10,9 @@ reference (every query a client can make: heads, messages, delivery records, ses
 mailboxes, reviews, tiers, capacity totals), whatever Kafka redelivers, and never show a
 record of an aborted transaction.
 
-The unit-of-work logic (ProjectionHost) is also driven directly over the in-memory views:
-batch splits, redelivery, a failing unit, a revoked partition."""
+The log, its reference and the relay's shape of it are tests/host_log.py; the host itself,
+without Kafka, is tests/contract/test_projection_host.py; `bench/host_throughput.py` measures
+it."""
 
 from __future__ import annotations
 
@@ -28,145 +29,28 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from adapters.memory import MemoryViews
-from domain.params import Parameters
-from domain.tier import Tier
-from fanout.application import FanoutApplication
 from fanout.bootstrap import open_views, open_views_only
-from fanout.clock import FakeClock
-from fanout.queries import Queries
 from fanout.urls import kafka_settings, postgres_env
-from projections.capacity import merged, state_name
 from projections.delivery import Delivered
 from projections.hosting import PROJECTIONS
-from streams.embedded import EmbeddedRunner
-from streams.host import ProjectionHost, Record
 from streams.pushes import PushSubscriber, ensure_topic, pushes_topic
 from streams.records import EventRecord, Watermark
-from streams.relay import RoutingKeys
-from streams.routing import partition_of
+from tests.host_log import (
+    PARAMS,
+    PARTITIONS,
+    TENANTS,
+    LogBuilder,
+    capacity_totals,
+    event_record,
+    routing_key,
+    snapshot,
+    write_log,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-PARAMS = Parameters(mailbox_shards=4)
-TENANTS = ("acme", "beta")
-USERS = tuple(f"u{i}" for i in range(8))
-PARTITIONS = 4
-
-
-# -- the log and its reference views ----------------------------------------------------------
-
-
-class LogBuilder:
-    """Commands on an event store, folded by the embedded runner into in-memory views
-    (the reference; also what replies are resolved against)."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.clock = FakeClock()
-        self.views = MemoryViews()
-        self.app = FanoutApplication(
-            PARAMS,
-            dict(env),
-            clock=self.clock,
-            message_sender=self._sender,
-            conversations_in_scope=lambda tenant, bucket: self.views.heads_by_scope(tenant, bucket),
-        )
-        self.runner = EmbeddedRunner(self.app, self.views, PARAMS)
-
-    def _sender(self, tenant: str, cid: str, seq: int) -> str | None:
-        m = self.views.message(tenant, cid, seq)
-        return str(m["sender"]) if m else None
-
-    def settle(self) -> None:
-        self.runner.catch_up()
-
-    def send(self, tenant: str, cid: str, sender: str, **kw: Any) -> None:
-        self.clock.advance(2.0)
-        self.app.send_message(tenant, cid, sender=sender, text=f"{sender} in {cid} at {self.clock.now}", **kw)
-        self.settle()
-
-    def notes(self, start: int = 0) -> list[Any]:
-        return list(self.app.recorder.select_notifications(start=start, limit=100_000, inclusive_of_start=False))
-
-    def close(self) -> None:
-        self.app.close()
-
-
-def write_log(b: LogBuilder, rounds: int = 2) -> None:
-    """Mentions, replies, @all, announcements, joins, a leave, MARK_READ, REBUILD over a
-    dozen conversations of two tenants (spread over the partitions), and a review with
-    a tier enabled and rolled back."""
-    app = b.app
-    for tenant in TENANTS:
-        for i in range(6):
-            app.create_conversation(tenant, f"c{i}", f"c{i}", list(USERS[i % 3 : i % 3 + 4]))
-    b.settle()
-    for r in range(rounds):
-        for tenant in TENANTS:
-            for i in range(6):
-                cid = f"c{i}"
-                members = list(USERS[i % 3 : i % 3 + 4])
-                a, bb, c = members[0], members[1], members[2]
-                b.send(tenant, cid, a, mentions=[bb])
-                b.send(tenant, cid, bb, reply_to_seq=1 + r * 5)
-                if i % 2 == 0:
-                    b.send(tenant, cid, c, mention_all=True)
-                else:
-                    b.send(tenant, cid, c, announcement=True)
-                if r == 0 and i % 3 == 0:
-                    app.add_members(tenant, cid, ["u7"])
-                b.send(tenant, cid, a, mentions=[bb, c])
-                app.mark_read(tenant, cid, bb, 2 + r * 5)
-                b.send(tenant, cid, c)
-                if r == rounds - 1 and i == 1:
-                    app.request_rebuild(tenant, cid, bb)
-                if r == rounds - 1 and i == 2:
-                    app.remove_member(tenant, cid, c)
-    rid = app.open_review("acme", "small", "manual", {}, "admin")["review_id"]
-    app.decide_review("acme", rid, "enable_mention_only", "admin", 1000.0, 0.5)
-    app.roll_back_tier("acme", "small", "admin", "test")
-    b.settle()
-
-
-def snapshot(views: Any) -> dict[str, Any]:
-    """Everything a client or an operator can read, with the runtime facts left out."""
-    q = Queries(views, PARAMS)
-    out: dict[str, Any] = {}
-    for tenant in TENANTS:
-        out[f"reviews/{tenant}"] = views.reviews(tenant)
-        out[f"tier/{tenant}"] = views.tier(str(Tier.create_id(tenant, "small")))
-        for i in range(6):
-            cid = f"c{i}"
-            head = views.head(tenant, cid)
-            out[f"head/{tenant}/{cid}"] = head
-            latest = head["latest_conversation_seq"] if head else 0
-            out[f"messages/{tenant}/{cid}"] = views.messages(tenant, cid, 0, 1000)
-            out[f"delivery/{tenant}/{cid}"] = [
-                {
-                    k: v
-                    for k, v in (views.delivery(tenant, cid, s) or {}).items()
-                    if k not in ("materialized_at", "online_pushes")
-                }
-                for s in range(1, latest + 1)
-            ]
-        for u in USERS:
-            out[f"sessions/{tenant}/{u}"] = q.session_list(tenant, u)
-            out[f"mailbox/{tenant}/{u}"] = q.mailbox(tenant, u, 0, 1000)["entries"]
-    return out
-
-
-def capacity_totals(views: Any, partitions: Sequence[int]) -> dict[str, Any]:
-    states = [views.capacity_state(state_name(p)) or {} for p in partitions]
-    st = merged(PARAMS, states).state()
-    # Which triggers fire (a worker's partitions only count; the monitor keeps its own flags,
-    # ADR-0020): compared as the set of firing ones.
-    return {**{k: st[k] for k in ("slots", "entries_total", "messages_total")}, "firing": {k for k, v in st["firing"].items() if v}}
 
 
 # -- playing the relay ---------------------------------------------------------------------------
-
-
-def event_record(n: Any) -> EventRecord:
-    return EventRecord(n.id, n.topic, n.originator_id, n.originator_version, bytes(n.state))
 
 
 class FakeRelay:
@@ -473,133 +357,6 @@ def read_all(bootstrap: str, topic: str, isolation: str) -> list[int]:
         c.close()
 
 
-# -- the units of work, driven directly (in-memory views, no Kafka) ------------------------------
-
-
-_KEYS: RoutingKeys | None = None
-
-
-def routing_key(note: Any) -> str:
-    """The relay's key of a notification (streams.relay.RoutingKeys: a member's reads go with
-    their conversation), decoded with a store-less application of the same event classes."""
-    global _KEYS
-    if _KEYS is None:
-        _KEYS = RoutingKeys(FanoutApplication(Parameters(), {"PERSISTENCE_MODULE": "eventsourcing.popo"}))
-    return _KEYS.key(note)
-
-
-def partitioned(notes: Sequence[Any], partitions: int = PARTITIONS) -> dict[int, list[Record]]:
-    """The notes routed as the relay routes them (streams/routing.py: crc32 of the key), each
-    partition ending with the top watermark. A stable hash, not hash(): str hashes change per
-    process (PYTHONHASHSEED), and one run in about fourteen left a partition without any
-    conversation."""
-    out: dict[int, list[Record]] = {p: [] for p in range(partitions)}
-    for n in notes:
-        out[partition_of(routing_key(n), partitions)].append(event_record(n))
-    for p in out:
-        out[p].append(Watermark(notes[-1].id))
-    return out
-
-
-def host_for(b: LogBuilder, views: Any, effects: list[Any] | None = None) -> ProjectionHost:
-    def on_effects(es: Sequence[Any]) -> None:
-        if effects is not None:
-            effects.extend(es)
-
-    return ProjectionHost(views, PARAMS, lambda r: b.app.mapper.to_domain_event(r.stored_event()), on_effects)
-
-
-@pytest.fixture(scope="module")
-def popo_log() -> Iterator[LogBuilder]:
-    b = LogBuilder({"PERSISTENCE_MODULE": "eventsourcing.popo"})
-    try:
-        write_log(b, rounds=1)
-        yield b
-    finally:
-        b.close()
-
-
-@pytest.mark.parametrize("batch", [1, 7, 1000])
-def test_the_host_builds_the_reference_views_whatever_the_batches(popo_log: LogBuilder, batch: int) -> None:
-    views = MemoryViews()
-    effects: list[Any] = []
-    host = host_for(popo_log, views, effects)
-    by_partition = partitioned(popo_log.notes())
-    for p, records in by_partition.items():
-        for i in range(0, len(records), batch):
-            host.apply(p, records[i : i + batch])
-    assert snapshot(views) == snapshot(popo_log.views)
-    sent = sum(
-        1 for r in sum(by_partition.values(), []) if isinstance(r, EventRecord) and r.topic.endswith("MessageSent")
-    )
-    assert sum(isinstance(e, Delivered) for e in effects) == sent
-
-    # Redelivered from the start, by a fresh host (a rebalance) and by this one: nothing changes.
-    before = snapshot(views)
-    for h in (host, host_for(popo_log, views, effects)):
-        n = len(effects)
-        for p, records in by_partition.items():
-            h.apply(p, records)
-        assert snapshot(views) == before and len(effects) == n
-
-
-class FailingViews(MemoryViews):
-    """In-memory views whose units of work fail while `failures` > 0 (after the writes)."""
-
-    failures = 0
-
-    def unit_of_work(self, *args: Any, **kwargs: Any) -> Any:
-        from contextlib import contextmanager
-
-        inner = super().unit_of_work
-
-        @contextmanager
-        def unit() -> Iterator[Any]:
-            with inner(*args, **kwargs) as w:
-                yield w
-                if self.failures > 0:
-                    self.failures -= 1
-                    raise OSError("disk I/O error (injected)")
-
-        return unit()
-
-
-def test_a_failed_unit_changes_nothing_and_the_retry_applies_it_once(popo_log: LogBuilder) -> None:
-    views = FailingViews()
-    effects: list[Any] = []
-    host = host_for(popo_log, views, effects)
-    by_partition = partitioned(popo_log.notes())
-    for p, records in by_partition.items():
-        half = len(records) // 2
-        host.apply(p, records[:half])
-        views.failures = 2
-        for _ in range(2):
-            with pytest.raises(OSError):
-                host.apply(p, records[half:])
-        host.apply(p, records[half:])  # the same records again, as the worker retries them
-    assert snapshot(views) == snapshot(popo_log.views)
-    assert host.stats.failures == 2 * PARTITIONS
-    sent = sum(1 for n in popo_log.notes() if n.topic.endswith("MessageSent"))
-    assert sum(isinstance(e, Delivered) for e in effects) == sent  # effects only of committed units
-
-
-def test_a_revoked_partition_is_forgotten_and_reloaded_from_the_views(popo_log: LogBuilder) -> None:
-    views = MemoryViews()
-    by_partition = partitioned(popo_log.notes())
-    first, second = host_for(popo_log, views), host_for(popo_log, views)
-    for p, records in by_partition.items():
-        half = len(records) // 2
-        first.apply(p, records[:half])
-    assert all(len(records) > 2 for records in by_partition.values()), "a partition without events"
-    first.forget([0, 1])
-    assert first.partitions == [2, 3]
-    # Another worker takes partitions 0 and 1 over from their first record; this one keeps 2, 3.
-    for p, records in by_partition.items():
-        (second if p in (0, 1) else first).apply(p, records)
-    assert snapshot(views) == snapshot(popo_log.views)
-    assert second.stats.skipped > 0
-
-
 # -- c: two workers share the partitions; one is killed mid-stream ---------------------------------
 
 
@@ -673,67 +430,3 @@ def test_two_workers_share_the_partitions_and_one_killed_mid_stream_loses_nothin
         views.close()
     out = workers[1].output()
     assert "Traceback" not in out, out[-3000:]
-
-
-# -- measuring (not a test): python -m tests.distributed.test_worker [MESSAGES] ----------------------
-
-
-def bench(messages: int = 4000) -> None:
-    """Events/s applied by the unit-of-work host over the in-memory and the SQLite views
-    (in-process), and by one `python -m cli.worker` subprocess over SQLite views from a real
-    Kafka topic (engines.env), on a log of `messages` sends to 20 conversations of 50."""
-    import tempfile
-
-    from tests.engines import infra_engines as ie
-    from tests.engines import unique, with_query
-
-    urls = ie.read_env_file()
-    b = LogBuilder({"PERSISTENCE_MODULE": "eventsourcing.popo"})
-    members = [f"u{i}" for i in range(50)]
-    for c in range(20):
-        b.app.create_conversation("acme", f"c{c}", f"c{c}", members)
-    for i in range(messages):
-        b.clock.advance(1.0)
-        b.app.send_message("acme", f"c{i % 20}", sender=members[i % 50], text=f"m{i}", mentions=[members[(i + 1) % 50]])
-    notes = b.notes()
-    events = len(notes)
-    print(f"log: {events} events ({messages} messages, {messages * 50} mailbox entries)")
-    for name in ("memory", "sqlite"):
-        tmp = Path(tempfile.mkdtemp())
-        views = MemoryViews() if name == "memory" else open_views(tmp, PARAMS.mailbox_shards)
-        host = host_for(b, views)
-        started = time.perf_counter()
-        for p, records in partitioned(notes).items():
-            for i in range(0, len(records), 500):
-                host.apply(p, records[i : i + 500])
-        took = time.perf_counter() - started
-        print(f"host over {name} views, batches of 500: {events / took:,.0f} events/s ({took:.2f} s)")
-        views.close()
-    topic_url = with_query(urls["FANOUT_LOG"], topic=unique("bench"), partitions=PARTITIONS)
-    kafka = kafka_settings(topic_url)
-    ensure_topic(kafka.bootstrap, kafka.topic, PARTITIONS)
-    FakeRelay(kafka.bootstrap, kafka.topic).send_notes(notes, chunk=500)
-    tmp = Path(tempfile.mkdtemp())
-    worker = WorkerProcess(worker_env(urls["FANOUT_EVENT_STORE"], topic_url, "sqlite", tmp / "v"), tmp / "w.log")
-    try:
-        read = sqlite_positions(tmp / "v")
-        first = None
-        while True:
-            pos = read()
-            if first is None and any(pos.values()):
-                first = time.perf_counter()
-            if pos and all(pos.get((n, p), 0) >= notes[-1].id for n in PROJECTIONS for p in range(PARTITIONS)):
-                break
-            assert worker.proc.poll() is None, worker.output()
-            time.sleep(0.05)
-        took = time.perf_counter() - (first or time.perf_counter())
-        print(
-            f"one worker subprocess, SQLite views, from Kafka: {events / took:,.0f} events/s after its first commit ({took:.2f} s)"
-        )
-    finally:
-        worker.stop()
-    b.close()
-
-
-if __name__ == "__main__":
-    bench(int(sys.argv[1]) if len(sys.argv) > 1 else 4000)
