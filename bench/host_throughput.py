@@ -20,7 +20,7 @@ from adapters.memory import MemoryViews  # noqa: E402
 from fanout.bootstrap import open_views  # noqa: E402
 from fanout.urls import kafka_settings  # noqa: E402
 from projections.hosting import PROJECTIONS  # noqa: E402
-from streams.pushes import ensure_topic  # noqa: E402
+from streams.kafka import ensure_topic  # noqa: E402
 from tests.distributed.test_worker import FakeRelay, WorkerProcess, sqlite_positions, worker_env  # noqa: E402
 from tests.host_log import PARAMS, PARTITIONS, LogBuilder, host_for, partitioned  # noqa: E402
 

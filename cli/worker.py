@@ -191,9 +191,10 @@ def _run(
     from projections.capacity import ReviewTrigger
     from projections.delivery import Delivered
     from projections.hosting import Effect, ViewsTracked
+    from streams.kafka import TopicUnavailable, ensure_topic
     from streams.kafka_health import process_health
-    from streams.pushes import PushPublisher, ensure_topic, pushes_topic
-    from streams.records import EventRecord
+    from streams.pushes import PushPublisher, pushes_topic
+    from streams.records import MAX_RECORD_BYTES, EventRecord
     from streams.worker import ProjectionWorker, WorkerSettings
 
     logging.basicConfig(
@@ -215,7 +216,13 @@ def _run(
     closers.append(views.close)
     try:
         ensure_topic(
-            kafka.bootstrap, kafka.topic, kafka.partitions, kafka.replication, timeout=15.0, min_insync=kafka.min_insync
+            kafka.bootstrap,
+            kafka.topic,
+            kafka.partitions,
+            kafka.replication,
+            max_message_bytes=MAX_RECORD_BYTES,
+            timeout=15.0,
+            min_insync=kafka.min_insync,
         )
         publisher = PushPublisher(
             kafka.bootstrap,
@@ -225,7 +232,7 @@ def _run(
             min_insync=kafka.min_insync,
             on_delivered=health.reachable,  # a heartbeat acknowledged: Kafka answers
         )
-    except KafkaException as exc:
+    except (KafkaException, TopicUnavailable) as exc:
         raise WorkerError(_kafka_down(kafka.bootstrap, exc)) from None
     closers.append(publisher.close)
 
@@ -268,7 +275,7 @@ def _run(
             on_effects,
             beat=publisher.beat,
         )
-    except (KafkaException, LookupError) as exc:
+    except (KafkaException, TopicUnavailable, LookupError) as exc:
         raise WorkerError(_kafka_down(kafka.bootstrap, exc)) from None
     print(
         f"fanout: worker {worker.settings.group} consuming {kafka.topic} at {kafka.bootstrap} (read_committed), "

@@ -281,6 +281,7 @@ class KafkaEngines:
     ) -> Closeable:
         from confluent_kafka import KafkaException
 
+        from streams.kafka import TopicUnavailable
         from streams.pushes import PushSubscriber, pushes_topic
 
         muted, self.health.muted = self.health.muted, True  # a start-up failure is one line (below)
@@ -293,8 +294,9 @@ class KafkaEngines:
                 on_tracked=on_tracked,
                 replication=self.kafka.replication,
                 min_insync=self.kafka.min_insync,
+                partitions=self.kafka.partitions,
             ).start()
-        except KafkaException as exc:
+        except (KafkaException, TopicUnavailable) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise EngineUnavailable(
                 f"FANOUT_LOG: Kafka at {self.kafka.bootstrap} does not answer ({first}): start it, "

@@ -32,7 +32,7 @@ SUMMARY_EVERY = 30.0  # seconds between "still unreachable" lines
 GRACE = 5.0  # seconds after "reachable again" during which client failures do not flip it back
 # The loggers of the Kafka clients: aiokafka's (Faust), and the librdkafka clients' of
 # streams/pushes.py and streams/relay.py (their `logger` config).
-CLIENT_LOGGERS = ("aiokafka", "fanout.pushes.rdkafka", "fanout.relay.rdkafka")
+CLIENT_LOGGERS = ("aiokafka", "fanout.pushes.rdkafka", "fanout.relay.rdkafka", "fanout.kafka.rdkafka")
 _CONNECTION_WORDS = (
     "connect",
     "not ready",

@@ -35,12 +35,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from projections.delivery import Delivered
 from projections.hosting import ViewsTracked
+from streams.kafka import ensure_topic
 
 log = logging.getLogger("fanout.pushes")
 # librdkafka's own lines of these clients (a broker down: one per attempt), as Python log
@@ -190,55 +189,19 @@ MAX_PUSH_BYTES = 32 * 1024 * 1024  # a 100k-member push with the member lists, w
 # -- topics -------------------------------------------------------------------------------
 
 
-def ensure_topic(
-    bootstrap: str, topic: str, partitions: int, replication: int = 1, timeout: float = 30.0, min_insync: int = 0
-) -> bool:
-    """Create `topic` unless it exists; returns whether it was created here. An existing
-    topic is left as it is (its partition count included). Returns once every partition
-    has a leader (or after `timeout`): a topic another process created a moment ago may not
-    have them yet, and the caller asks for its partitions next."""
-    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": rdkafka_log}
-    admin = AdminClient(conf)  # kept referenced until the futures resolve
-    created = False
-    if topic not in admin.list_topics(timeout=timeout).topics:
-        new = NewTopic(
-            topic,
-            num_partitions=partitions,
-            replication_factor=replication,
-            config={
-                "max.message.bytes": str(MAX_PUSH_BYTES),
-                **({"min.insync.replicas": str(min_insync)} if min_insync > 0 else {}),
-            },
-        )
-        futures = admin.create_topics([new])
-        try:
-            futures[topic].result(timeout)
-            created = True
-        except KafkaException as exc:
-            code = exc.args[0].code() if exc.args and isinstance(exc.args[0], KafkaError) else None
-            if code != KafkaError.TOPIC_ALREADY_EXISTS:  # another process created it first: success
-                raise
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        t = admin.list_topics(topic, timeout=timeout).topics.get(topic)
-        if (
-            t is not None
-            and t.error is None
-            and t.partitions
-            and all(pm.error is None and pm.leader >= 0 for pm in t.partitions.values())
-        ):
-            break
-        time.sleep(0.05)
-    return created
-
-
-def partition_count(bootstrap: str, topic: str, timeout: float = 30.0) -> int:
-    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": rdkafka_log}
-    admin = AdminClient(conf)
-    meta = admin.list_topics(topic, timeout=timeout).topics.get(topic)
-    if meta is None or meta.error is not None or not meta.partitions:
-        raise LookupError(f"Kafka topic {topic!r} not found")
-    return len(meta.partitions)
+def ensure_pushes_topic(bootstrap: str, topic: str, partitions: int, replication: int, min_insync: int) -> int:
+    """The pushes topic, created by whichever of a worker and a replica comes first, with the
+    event topic's partition count from FANOUT_LOG (streams/kafka.py)."""
+    return ensure_topic(
+        bootstrap,
+        topic,
+        partitions,
+        replication,
+        max_message_bytes=MAX_PUSH_BYTES,
+        min_insync=min_insync,
+        timeout=30.0,
+        logger=rdkafka_log,
+    )
 
 
 # -- publishing (the worker, after its unit of work committed) ------------------------------
@@ -261,7 +224,7 @@ class PushPublisher:
         linger_ms: int = 2,
         on_delivered: Callable[[float], Any] | None = None,
     ) -> None:
-        ensure_topic(bootstrap, topic, partitions, replication, min_insync=min_insync)
+        ensure_pushes_topic(bootstrap, topic, partitions, replication, min_insync)
         self.topic = topic
         self.on_delivered = on_delivered
         self.failed = 0
@@ -354,10 +317,12 @@ class PushSubscriber:
         poll: float = 0.2,
         replication: int = 1,
         min_insync: int = 0,
+        partitions: int = 1,
     ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.replication = replication  # of the topic when this subscriber creates it (FANOUT_LOG)
+        self.partitions = partitions  # likewise: the event topic's count, as the workers' publisher
         self.min_insync = min_insync
         self.callback = callback
         self.on_beat = on_beat  # (beat, seconds it waited in the topic before start)
@@ -371,7 +336,7 @@ class PushSubscriber:
         self._consumer: Consumer | None = None
 
     def start(self, timeout: float = 30.0) -> PushSubscriber:
-        ensure_topic(self.bootstrap, self.topic, 1, self.replication, min_insync=self.min_insync)
+        ensure_pushes_topic(self.bootstrap, self.topic, self.partitions, self.replication, self.min_insync)
         consumer = Consumer(
             {
                 "bootstrap.servers": self.bootstrap,

@@ -30,6 +30,10 @@ H_ORIGINATOR = "fanout-originator-id"
 H_VERSION = "fanout-originator-version"
 H_WATERMARK = "fanout-watermark"
 
+# An event's state may be large (a bulk join of 100k members is about 1.5 MB of JSON): the
+# event topic and the relay's producer accept records up to this size.
+MAX_RECORD_BYTES = 32 * 1024 * 1024
+
 Headers = Sequence[tuple[str, bytes | str | None]]
 
 

@@ -45,8 +45,6 @@ from typing import Any
 from uuid import UUID
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
 from eventsourcing.application import Application
 from eventsourcing.persistence import Notification
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresSubscription
@@ -56,16 +54,14 @@ from psycopg.sql import SQL, Identifier
 from domain.reads import MemberReadState
 from domain.review import Review
 from domain.tier import Tier
-from streams.records import EventRecord, Watermark, position_of
+from streams.kafka import TopicUnavailable, ensure_topic
+from streams.records import MAX_RECORD_BYTES, EventRecord, Watermark, position_of
 from streams.routing import PARTITIONER, conversation_key
 
 log = logging.getLogger("fanout.relay")
 # librdkafka's own log lines (a broker down: one line per reconnect attempt) go here, not to stderr.
 rdkafka_log = logging.getLogger("fanout.relay.rdkafka")
 
-# An event's state may be large (a bulk join of 100k members is about 1.5 MB of JSON): the
-# topic the relay creates and its producer accept records up to this size.
-MAX_RECORD_BYTES = 32 * 1024 * 1024
 # How many records back from the end of each partition the position search starts; it
 # widens (x8) while a partition shows no committed fanout record in the window (aborted
 # transactions of killed instances leave up to `batch` + 1 records each behind).
@@ -228,62 +224,6 @@ def _kafka_error(exc: BaseException) -> KafkaError | None:
 
 def _is_fenced(err: KafkaError | None) -> bool:
     return err is not None and (err.code() in _FENCED_CODES or "fenced" in str(err).lower())
-
-
-def topic_config(config: dict[str, str], min_insync: int) -> dict[str, str]:
-    """`config` plus min.insync.replicas when `min_insync` > 0 (FANOUT_LOG's ?min_insync=)."""
-    return {**config, "min.insync.replicas": str(min_insync)} if min_insync > 0 else config
-
-
-def ensure_topic(
-    bootstrap: str, topic: str, partitions: int, replication: int, timeout: float = 15.0, min_insync: int = 0
-) -> int:
-    """Create the topic if missing (idempotent: a racing creator is harmless) and return its
-    partition count as the cluster reports it (an existing topic keeps its own count).
-    `min_insync` > 0 sets the new topic's min.insync.replicas (0: the broker's default)."""
-    conf: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        "socket.connection.setup.timeout.ms": int(timeout * 1000),
-        "logger": rdkafka_log,
-    }
-    admin = AdminClient(conf)
-    new = NewTopic(
-        topic,
-        num_partitions=partitions,
-        replication_factor=replication,
-        config=topic_config({"max.message.bytes": str(MAX_RECORD_BYTES)}, min_insync),
-    )
-    futures = admin.create_topics([new], operation_timeout=timeout, request_timeout=timeout)
-    try:
-        futures[topic].result(timeout + 5)  # `admin` stays referenced until the future resolves
-    except KafkaException as exc:
-        err = _kafka_error(exc)
-        if err is not None and err.code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT):
-            raise RelayError(f"Kafka at {bootstrap} did not answer within {timeout:.0f}s ({err.str()})") from None
-        if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise RelayError(f"cannot create the Kafka topic {topic!r} at {bootstrap}: {err or exc}") from None
-    except Exception as exc:  # concurrent.futures.TimeoutError and the like
-        raise RelayError(f"Kafka at {bootstrap} did not answer within {timeout:.0f}s: {exc!r}") from None
-    deadline = time.monotonic() + timeout
-    while True:  # metadata may lag the creation by a moment
-        try:
-            md = admin.list_topics(topic, timeout=5)
-        except KafkaException as exc:
-            raise RelayError(f"Kafka at {bootstrap} did not answer: {exc}") from None
-        t = md.topics.get(topic)
-        if (
-            t is not None
-            and t.error is None
-            and t.partitions
-            and all(pm.error is None and pm.leader >= 0 for pm in t.partitions.values())
-        ):
-            found = len(t.partitions)
-            if found != partitions:
-                log.warning("topic %s has %d partitions (asked for %d): using %d", topic, found, partitions, found)
-            return found
-        if time.monotonic() > deadline:
-            raise RelayError(f"topic {topic!r} does not show in the metadata of {bootstrap}")
-        time.sleep(0.1)
 
 
 def position_consumer(bootstrap: str) -> Consumer:
@@ -489,9 +429,18 @@ class Relay:
     def start(self) -> int:
         """Create the topic if missing, take over the transactional id (fencing a previous
         instance, aborting its open transaction), and find the relayed position."""
-        self.partitions = ensure_topic(
-            self.bootstrap, self.topic, self.partitions, self.replication, min_insync=self.min_insync
-        )
+        try:
+            self.partitions = ensure_topic(
+                self.bootstrap,
+                self.topic,
+                self.partitions,
+                self.replication,
+                max_message_bytes=MAX_RECORD_BYTES,
+                min_insync=self.min_insync,
+                logger=rdkafka_log,
+            )
+        except TopicUnavailable as exc:
+            raise RelayError(str(exc)) from None
         producer = Producer(
             {
                 "bootstrap.servers": self.bootstrap,

@@ -51,9 +51,10 @@ from projections.failures import Throttled, storage_failure
 from projections.hosting import Effect
 from projections.ports import ViewStore
 from streams.host import Fenced, ProjectionHost, Record
+from streams.kafka import ensure_topic, partition_count
 from streams.log_reader import KafkaPartitionReader, LogGapUnreadable
-from streams.pushes import BEAT_INTERVAL, WorkerBeat, ensure_topic, partition_count, worker_id
-from streams.records import BadRecord, EventRecord, decode
+from streams.pushes import BEAT_INTERVAL, WorkerBeat, worker_id
+from streams.records import MAX_RECORD_BYTES, BadRecord, EventRecord, decode
 
 log = logging.getLogger("fanout.worker")
 
@@ -230,7 +231,15 @@ class ProjectionWorker:
             log_reader=self.log_reader,
         )
         self.applier = Applier(self.host)
-        ensure_topic(s.bootstrap, s.topic, s.partitions, s.replication, min_insync=s.min_insync)
+        ensure_topic(
+            s.bootstrap,
+            s.topic,
+            s.partitions,
+            s.replication,
+            max_message_bytes=MAX_RECORD_BYTES,
+            min_insync=s.min_insync,
+            timeout=30.0,
+        )
         # T1/T2 over the platform: evaluated by the worker holding partition 0 (ADR-0020).
         self.monitor = CapacityMonitor(params, views, partition_count(s.bootstrap, s.topic))
         datadir = s.datadir or Path(tempfile.mkdtemp(prefix="fanout-worker-"))

@@ -21,8 +21,8 @@ from domain.params import Parameters
 from fanout.application import FanoutApplication
 from fanout.bootstrap import open_cassandra_views
 from fanout.urls import cassandra_settings, kafka_settings, postgres_env
-from streams.pushes import ensure_topic, partition_count, pushes_topic
-from streams.relay import ensure_topic as relay_ensure_topic
+from streams.kafka import ensure_topic, partition_count
+from streams.pushes import ensure_pushes_topic, pushes_topic
 
 
 def main(argv: list[str]) -> int:
@@ -35,8 +35,8 @@ def main(argv: list[str]) -> int:
         # the event topic as the worker creates it (then counts its partitions) and as the relay does
         ensure_topic(kafka.bootstrap, kafka.topic, kafka.partitions, kafka.replication)
         partition_count(kafka.bootstrap, kafka.topic)
-        relay_ensure_topic(kafka.bootstrap, kafka.topic, kafka.partitions, kafka.replication)
-        ensure_topic(kafka.bootstrap, pushes_topic(kafka.topic), kafka.partitions, kafka.replication)
+        ensure_topic(kafka.bootstrap, kafka.topic, kafka.partitions, kafka.replication)
+        ensure_pushes_topic(kafka.bootstrap, pushes_topic(kafka.topic), kafka.partitions, kafka.replication, 0)
         if "views" in argv:
             open_cassandra_views(cassandra_settings(os.environ["FANOUT_VIEWS"]), partitions=kafka.partitions).close()
     except Exception as exc:

@@ -18,6 +18,7 @@ from projections.delivery import Delivered
 from projections.hosting import ViewsTracked
 from projections.sharding import shard_of
 from streams.host import ProjectionHost
+from streams.kafka import partition_count
 from streams.pushes import (
     BEAT_LOOKBACK,
     PushPublisher,
@@ -28,8 +29,7 @@ from streams.pushes import (
     encode,
     encode_beat,
     encode_tracked,
-    ensure_topic,
-    partition_count,
+    ensure_pushes_topic,
     pushes_topic,
 )
 from streams.records import EventRecord
@@ -132,7 +132,7 @@ def test_anything_else_is_not_a_push_record(value: bytes) -> None:
 def pushes(fresh_kafka: str) -> Iterator[tuple[str, str]]:
     k = kafka_settings(fresh_kafka)
     topic = pushes_topic(k.topic)
-    ensure_topic(k.bootstrap, topic, 4)
+    ensure_pushes_topic(k.bootstrap, topic, 4, 1, 0)
     yield k.bootstrap, topic
 
 

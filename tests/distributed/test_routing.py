@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient
 
 from domain.conversation import Conversation
 from fanout.urls import kafka_settings
-from streams.relay import ensure_topic
+from streams.kafka import ensure_topic
 from streams.routing import PARTITIONER, conversation_key, conversation_partition, partition_of
 
 TENANTS = ("acme", "globex", "t-9.x_y")

@@ -39,7 +39,7 @@ from fanout.application import FanoutApplication
 from fanout.event_store import SchemaLockedRecorder, lock_key
 from fanout.security import mint_token
 from fanout.urls import kafka_settings, postgres_env
-from streams.pushes import partition_count
+from streams.kafka import partition_count
 from streams.worker import free_port
 from tests.distributed.cluster import Cluster, cluster_for, create_namespace, drop_namespace
 from tests.engines import unique, with_path, with_query

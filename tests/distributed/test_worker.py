@@ -33,7 +33,8 @@ from fanout.bootstrap import open_views, open_views_only
 from fanout.urls import kafka_settings, postgres_env
 from projections.delivery import Delivered
 from projections.hosting import PROJECTIONS
-from streams.pushes import PushSubscriber, ensure_topic, pushes_topic
+from streams.kafka import ensure_topic
+from streams.pushes import PushSubscriber, ensure_pushes_topic, pushes_topic
 from streams.records import EventRecord, Watermark
 from tests.host_log import (
     PARAMS,
@@ -197,7 +198,7 @@ def test_one_worker_builds_the_reference_views_and_a_redelivery_changes_nothing(
 ) -> None:
     kafka = kafka_settings(fresh_kafka)
     ensure_topic(kafka.bootstrap, kafka.topic, PARTITIONS)
-    ensure_topic(kafka.bootstrap, pushes_topic(kafka.topic), PARTITIONS)
+    ensure_pushes_topic(kafka.bootstrap, pushes_topic(kafka.topic), PARTITIONS, 1, 0)
     notes = log.notes()
     top = notes[-1].id
     sent = sum(1 for n in notes if n.topic.endswith("MessageSent"))
