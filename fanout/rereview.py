@@ -58,6 +58,14 @@ class MailboxMeter(MailboxStore):
             self.entries += n
         return n
 
+    def observe(self, seconds: float, entries: int, largest: int) -> None:
+        """A view store that writes the entries itself (Cassandra: with the unit's first
+        round, adapters/cassandra_views.py) reports that round's time, its entries and the
+        largest message's: counted as a write of them (the O(N) writes only, as `write`)."""
+        if largest >= self.at_least:
+            self.seconds += seconds
+            self.entries += entries
+
     def read(self, tenant: str, user_id: str, after: int, until: int, limit: int) -> list[MailboxEntry]:
         return self.inner.read(tenant, user_id, after, until, limit)
 

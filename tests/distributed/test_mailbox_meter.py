@@ -1,0 +1,41 @@
+"""The views the composition root builds on Cassandra (`fanout.bootstrap.open_cassandra_views`)
+hand their mailbox store to the re-review meter (fanout.rereview.MailboxMeter, ADR-0026). The
+mailbox entries must still ride the first round of a unit of work (ADR-0025) and the meter
+must still count them: a session of this project lost 3-4x of the worker's and Cassandra's
+CPU per small-group message for a day because the views took the wrapped store for another
+engine's and wrote its entries one batch per shard list ahead of the round."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adapters.cassandra_mailbox import CassandraMailbox
+from fanout.bootstrap import open_cassandra_views
+from fanout.rereview import FANOUT_WRITE, MailboxMeter
+from fanout.urls import cassandra_settings
+from projections.ports import MessageRefs
+
+
+def refs(members: int, pos: int) -> MessageRefs:
+    users = [f"u{i:05d}" for i in range(members)]
+    return MessageRefs("big", pos, pos, 0, {}, {s: users[s::4] for s in range(4)})
+
+
+def test_a_wrapped_mailbox_rides_round_a_and_is_timed(fresh_cassandra: str) -> None:
+    views = open_cassandra_views(cassandra_settings(fresh_cassandra), partitions=1)
+    try:
+        meter: Any = views.mailbox
+        assert isinstance(meter, MailboxMeter) and isinstance(meter.inner, CassandraMailbox)
+        written: list[int] = []
+        slow_write = meter.inner.write
+        meter.inner.write = lambda tenant, r: written.append(1) or slow_write(tenant, r)  # type: ignore[method-assign]
+        with views.unit_of_work() as w:
+            w.put_mailbox("acme", refs(FANOUT_WRITE + 200, 1))
+            w.put_mailbox("acme", refs(20, 2))
+            w.track("delivery", 2)
+        assert written == [], "the entries went through the store's own write, not round A"
+        assert meter.entries == FANOUT_WRITE + 200 + 20 and meter.seconds > 0
+        assert meter.inner.count() == FANOUT_WRITE + 200 + 20
+        assert len(meter.inner.read("acme", "u00000", 0, 10, 10)) == 2
+    finally:
+        views.close()
