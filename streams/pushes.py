@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from projections.delivery import Delivered
 from projections.hosting import ViewsTracked
@@ -187,6 +187,29 @@ class WorkerBeats:
 MAX_PUSH_BYTES = 32 * 1024 * 1024  # a 100k-member push with the member lists, with room to spare
 
 # -- topics -------------------------------------------------------------------------------
+
+
+# A topic just created (or a broker just restarted) answers these until its leaders are known
+# to the broker asked: asked again until the deadline.
+_NOT_YET = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+)
+
+
+def watermarks(consumer: Consumer, tp: TopicPartition, deadline: float) -> tuple[int, int]:
+    """(low, high) offsets of a partition; a partition whose leader is not known yet is asked
+    again until `deadline` (seen at start-up right after the topic was created)."""
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=max(0.1, deadline - time.monotonic()))
+            return int(low), int(high)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if err is None or err.code() not in _NOT_YET or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
 
 
 def ensure_pushes_topic(bootstrap: str, topic: str, partitions: int, replication: int, min_insync: int) -> int:
@@ -355,8 +378,9 @@ class PushSubscriber:
             meta = consumer.list_topics(self.topic, timeout=timeout).topics[self.topic]
             tps = []
             starts: dict[int, int] = {}
+            deadline = time.monotonic() + timeout
             for p in sorted(meta.partitions):
-                low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout)
+                low, high = watermarks(consumer, TopicPartition(self.topic, p), deadline)
                 self._ends[p] = high
                 starts[p] = max(low, high - (BEAT_LOOKBACK if self.on_beat is not None else 0))
                 tps.append(TopicPartition(self.topic, p, starts[p]))
