@@ -121,7 +121,7 @@ def _one(c: Callable[[], Any]) -> tuple[Any, BaseException | None]:
 POPO = {"PERSISTENCE_MODULE": "eventsourcing.popo"}
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(ops, min_size=1, max_size=12), min_size=1, max_size=5))
 def test_a_group_writes_what_the_same_commands_one_by_one_write(rounds: list[list[Op]]) -> None:
     compare(POPO, POPO, rounds)
