@@ -6,6 +6,7 @@ tests (tests/distributed/test_worker.py), the pushes' and the fencing tests."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -178,11 +179,18 @@ def host_for(b: LogBuilder, views: Any, effects: list[Any] | None = None) -> Pro
     return ProjectionHost(views, PARAMS, lambda r: b.app.mapper.to_domain_event(r.stored_event()), on_effects)
 
 
-@pytest.fixture(scope="module")
-def popo_log() -> Iterator[LogBuilder]:
+@contextmanager
+def written_log() -> Iterator[LogBuilder]:
+    """`write_log` (one round) on an in-memory event store, with its reference views."""
     b = LogBuilder({"PERSISTENCE_MODULE": "eventsourcing.popo"})
     try:
         write_log(b, rounds=1)
         yield b
     finally:
         b.close()
+
+
+@pytest.fixture(scope="module")
+def popo_log() -> Iterator[LogBuilder]:
+    with written_log() as b:
+        yield b

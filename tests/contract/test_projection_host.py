@@ -32,8 +32,8 @@ from projections.ports import ViewStore
 from streams.embedded import EmbeddedRunner
 from streams.host import Record
 from streams.records import EventRecord
-from tests.contract.test_view_store import CassandraKeyspace
-from tests.host_log import PARAMS, PARTITIONS, LogBuilder, host_for, partitioned, snapshot, write_log
+from tests.contract.test_view_store import OnCassandra
+from tests.host_log import PARAMS, PARTITIONS, LogBuilder, host_for, partitioned, snapshot, written_log
 
 
 class Crash(Exception):
@@ -42,12 +42,8 @@ class Crash(Exception):
 
 @pytest.fixture(scope="module")
 def log() -> Iterator[LogBuilder]:
-    b = LogBuilder({"PERSISTENCE_MODULE": "eventsourcing.popo"})
-    try:
-        write_log(b, rounds=1)
+    with written_log() as b:
         yield b
-    finally:
-        b.close()
 
 
 def naive(b: LogBuilder, views: Any) -> None:
@@ -202,22 +198,10 @@ class TestSqliteViewsHost(ProjectionHostContract):
         return open_views(path, PARAMS.mailbox_shards)
 
 
-class TestCassandraViewsHost(ProjectionHostContract):
+class TestCassandraViewsHost(OnCassandra, ProjectionHostContract):
     """On the running Cassandra: one keyspace for the class, emptied for each store."""
 
-    keyspace: CassandraKeyspace
     STEPS = ("body", "mailbox", "rows", "heads", "tracking")  # adapters/cassandra_views.py _commit
-
-    @pytest.fixture(scope="class", autouse=True)
-    @classmethod
-    def _keyspace(cls, engines: dict[str, str]) -> Iterator[None]:
-        cls.keyspace = CassandraKeyspace(engines["FANOUT_VIEWS"])
-        yield
-        cls.keyspace.close()
-
-    @classmethod
-    def make(cls, path: Path) -> ViewStore:
-        return cls.keyspace.views()
 
 
 # -- the host on in-memory views: batches, redelivery, a failed unit, a revoked partition -----------

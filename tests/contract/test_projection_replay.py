@@ -9,7 +9,6 @@ to domain events. Split points cover every event of the log."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from projections.capacity import CapacityProjection
 from projections.delivery import DeliveryProjection
 from projections.hosting import build_projections
 from projections.ports import ViewStore
-from tests.contract.test_view_store import CassandraKeyspace
+from tests.contract.test_view_store import OnCassandra
 from tests.integration.conftest import FakeClock, Harness
 
 T = "acme"
@@ -250,20 +249,8 @@ class TestMemoryViewsReplay(ProjectionReplayContract):
         return MemoryViews()
 
 
-class TestCassandraViewsReplay(ProjectionReplayContract, CommitInRoundsContract):
+class TestCassandraViewsReplay(OnCassandra, ProjectionReplayContract, CommitInRoundsContract):
     """On the running Cassandra: one keyspace for the class, emptied for each store
     (the reference is built, and snapshotted, before any split point's store)."""
 
-    keyspace: CassandraKeyspace
     COMMIT_STEPS = ("mailbox", "rows", "heads", "tracking")  # adapters/cassandra_views.py _commit
-
-    @pytest.fixture(scope="class", autouse=True)
-    @classmethod
-    def _keyspace(cls, engines: dict[str, str]) -> Iterator[None]:
-        cls.keyspace = CassandraKeyspace(engines["FANOUT_VIEWS"])
-        yield
-        cls.keyspace.close()
-
-    @classmethod
-    def make(cls, path: Path) -> ViewStore:
-        return cls.keyspace.views()

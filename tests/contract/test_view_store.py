@@ -440,6 +440,24 @@ class CassandraKeyspace:
         drop_keyspace(self.url)
 
 
+class OnCassandra:
+    """A contract's backend class on the running Cassandra: one keyspace for the class,
+    emptied for each store it makes."""
+
+    keyspace: CassandraKeyspace
+
+    @pytest.fixture(scope="class", autouse=True)
+    @classmethod
+    def _keyspace(cls, engines: dict[str, str]) -> Iterator[None]:
+        cls.keyspace = CassandraKeyspace(engines["FANOUT_VIEWS"])
+        yield
+        cls.keyspace.close()
+
+    @classmethod
+    def make(cls, path: Path) -> ViewStore:
+        return cls.keyspace.views()
+
+
 @pytest.fixture(scope="class")
 def cassandra_keyspace(engines: dict[str, str]) -> Iterator[CassandraKeyspace]:
     ks = CassandraKeyspace(engines["FANOUT_VIEWS"])
