@@ -38,7 +38,8 @@ def topic_config(config: dict[str, str], min_insync: int) -> dict[str, str]:
     return {**config, "min.insync.replicas": str(min_insync)} if min_insync > 0 else config
 
 
-def _kafka_error(exc: BaseException) -> KafkaError | None:
+def kafka_error(exc: BaseException) -> KafkaError | None:
+    """The KafkaError a confluent-kafka exception carries (None for any other exception)."""
     arg = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
     return arg if isinstance(arg, KafkaError) else None
 
@@ -75,7 +76,7 @@ def ensure_topic(
     try:
         futures[topic].result(timeout + 5)  # `admin` stays referenced until the future resolves
     except KafkaException as exc:
-        err = _kafka_error(exc)
+        err = kafka_error(exc)
         if err is not None and err.code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT):
             raise TopicUnavailable(f"Kafka at {bootstrap} did not answer within {timeout:.0f}s ({err.str()})") from None
         if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:

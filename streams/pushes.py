@@ -39,7 +39,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from projections.delivery import Delivered
 from projections.hosting import ViewsTracked
-from streams.kafka import ensure_topic
+from streams.kafka import ensure_topic, kafka_error
 
 log = logging.getLogger("fanout.pushes")
 # librdkafka's own lines of these clients (a broker down: one per attempt), as Python log
@@ -206,7 +206,7 @@ def watermarks(consumer: Consumer, tp: TopicPartition, deadline: float) -> tuple
             low, high = consumer.get_watermark_offsets(tp, timeout=max(0.1, deadline - time.monotonic()))
             return int(low), int(high)
         except KafkaException as exc:
-            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            err = kafka_error(exc)
             if err is None or err.code() not in _NOT_YET or time.monotonic() >= deadline:
                 raise
             time.sleep(0.1)

@@ -54,7 +54,7 @@ from psycopg.sql import SQL, Identifier
 from domain.reads import MemberReadState
 from domain.review import Review
 from domain.tier import Tier
-from streams.kafka import TopicUnavailable, ensure_topic
+from streams.kafka import TopicUnavailable, ensure_topic, kafka_error
 from streams.records import MAX_RECORD_BYTES, EventRecord, Watermark, position_of
 from streams.routing import PARTITIONER, conversation_key
 
@@ -217,11 +217,6 @@ class _Subscription(PostgresSubscription):
 # -- Kafka helpers ----------------------------------------------------------------------------
 
 
-def _kafka_error(exc: BaseException) -> KafkaError | None:
-    arg = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
-    return arg if isinstance(arg, KafkaError) else None
-
-
 def _is_fenced(err: KafkaError | None) -> bool:
     return err is not None and (err.code() in _FENCED_CODES or "fenced" in str(err).lower())
 
@@ -303,7 +298,7 @@ def _last_positions(
                 lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=max(1.0, timeout / 4))
                 break
             except KafkaException as exc:
-                err = _kafka_error(exc)
+                err = kafka_error(exc)
                 if err is None or not (err.retriable() or err.code() in _NOT_READY) or time.monotonic() > deadline:
                     raise RelayError(f"cannot read the offsets of {topic}[{p}]: {exc}") from None
                 time.sleep(0.2)
@@ -624,7 +619,7 @@ class Relay:
                 self._commit(p)
                 break
             except KafkaException as exc:
-                err = _kafka_error(exc)
+                err = kafka_error(exc)
                 if err is None or _is_fenced(err) or not err.txn_requires_abort() or attempt >= 5:
                     raise self._failure(exc, notes) from None
                 log.warning("relay: transaction aborted (%s); retrying %d events", err, len(records))
@@ -642,7 +637,7 @@ class Relay:
             self.on_committed(last)
 
     def _failure(self, exc: KafkaException, notes: Sequence[Notification]) -> RelayError:
-        err = _kafka_error(exc)
+        err = kafka_error(exc)
         if _is_fenced(err):
             return RelayFenced(
                 f"fenced: another relay took over transactional id {self.transactional_id!r} "
@@ -666,7 +661,7 @@ class Relay:
                 p.commit_transaction(self.transaction_timeout)
                 return
             except KafkaException as exc:
-                err = _kafka_error(exc)
+                err = kafka_error(exc)
                 if err is None or not err.retriable() or _is_fenced(err) or attempt == 5:
                     raise
                 log.warning("relay: commit failed (%s), retrying", err)
