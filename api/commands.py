@@ -19,6 +19,8 @@ from contextlib import suppress
 from functools import partial
 from typing import Any, TypeVar
 
+from fanout.application import outcome
+
 T = TypeVar("T")
 
 MAX_RUN = 64  # sends taken together at most, so the first of a run is not answered too late
@@ -28,13 +30,7 @@ Outcome = tuple["asyncio.Future[Any]", Any, BaseException | None]
 
 
 def one_by_one(calls: Sequence[Callable[[], Any]]) -> list[tuple[Any, BaseException | None]]:
-    out: list[tuple[Any, BaseException | None]] = []
-    for call in calls:
-        try:
-            out.append((call(), None))
-        except BaseException as exc:  # handed to the caller, as an executor would
-            out.append((None, exc))
-    return out
+    return [outcome(call) for call in calls]
 
 
 class CommandLane:

@@ -175,7 +175,8 @@ class GroupBroken(Exception):  # noqa: N818 (control flow of `grouped`, never ra
 Outcome = tuple[Any, BaseException | None]
 
 
-def _outcome(call: Callable[[], Any]) -> Outcome:
+def outcome(call: Callable[[], Any]) -> Outcome:
+    """(result, None) or (None, what it raised): a call's outcome, as an executor hands it over."""
     try:
         return call(), None
     except BaseException as exc:  # handed to its caller, as an executor would
@@ -405,17 +406,17 @@ class FanoutApplication(Application[UUID]):
         commands and every later one run again alone, in order. Returns (result, None) or
         (None, exception) per call."""
         if len(calls) < 2 or self._grouping() is not None:
-            return [_outcome(c) for c in calls]
+            return [outcome(c) for c in calls]
         outcomes: list[Outcome] = []
         with self.lock:
             group = self._group = Group()
             written = 0  # calls[:written] are written (or wrote nothing)
             try:
                 for c in calls:
-                    outcome = _outcome(c)
-                    if isinstance(outcome[1], GroupBroken):
+                    done = outcome(c)
+                    if isinstance(done[1], GroupBroken):
                         break
-                    outcomes.append(outcome)
+                    outcomes.append(done)
                     if not group.units:  # a piece was written within this call
                         written = len(outcomes)
                 else:
@@ -428,7 +429,7 @@ class FanoutApplication(Application[UUID]):
             finally:
                 self._group = None
         self.group_fallbacks += 1
-        return outcomes[:written] + [_outcome(c) for c in calls[written:]]  # alone, in order
+        return outcomes[:written] + [outcome(c) for c in calls[written:]]  # alone, in order
 
     def _commit(self, group: Group) -> None:
         """The group's one transaction, then what each command's own save would have done."""

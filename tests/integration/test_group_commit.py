@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from domain.errors import FanoutError
 from domain.params import Parameters
-from fanout.application import FanoutApplication
+from fanout.application import FanoutApplication, outcome
 from fanout.clock import FakeClock
 
 T = "acme"
@@ -92,7 +92,7 @@ def compare(env_grouped: dict[str, str], env_alone: dict[str, str], rounds: list
             a_out, wrote = [], []
             for op in ops_:
                 before = alone.log_position()
-                a_out.append(_one(call(alone, op)))
+                a_out.append(outcome(call(alone, op)))
                 wrote.append(alone.log_position() > before)
             assert [shown(o) for o in g_out] == [shown(o) for o in a_out], ops_
             for (g, _), (a, _), w in zip(g_out, a_out, wrote, strict=True):
@@ -109,13 +109,6 @@ def compare(env_grouped: dict[str, str], env_alone: dict[str, str], rounds: list
     finally:
         grouped.close()
         alone.close()
-
-
-def _one(c: Callable[[], Any]) -> tuple[Any, BaseException | None]:
-    try:
-        return c(), None
-    except BaseException as exc:
-        return None, exc
 
 
 POPO = {"PERSISTENCE_MODULE": "eventsourcing.popo"}
