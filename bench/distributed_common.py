@@ -187,7 +187,7 @@ class Http:
 def wait_workers(rt: Any, n: int, timeout: float = 120.0) -> float:
     """Seconds until n workers' heartbeats reach the replica `rt`."""
     t0 = time.monotonic()
-    while rt.engines.workers() < n:
+    while rt.links.workers() < n:
         if time.monotonic() - t0 > timeout:
             raise RuntimeError(f"{n} worker(s) not up within {timeout:.0f} s")
         time.sleep(0.2)

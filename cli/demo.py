@@ -751,7 +751,7 @@ def run_distributed_demo(
         procs.start("worker")
         note(f"waiting for `fanout relay` and `fanout worker` (logs in {logs})")
         deadline = time.monotonic() + START_TIMEOUT
-        while rt.engines.workers() < 1:
+        while rt.links.workers() < 1:
             procs.check()
             if time.monotonic() > deadline:
                 raise DemoError(

@@ -12,10 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from adapters.rocksdb_mailbox import ShardCountMismatch
-from cli.worker import WorkerError
 from domain.errors import FanoutError
-from fanout.bootstrap import DataDirBusy
+from fanout.bootstrap import DataDirBusy, ShardCountMismatch
 from fanout.config import ConfigError, EngineUnavailable, Settings, load_settings, parse_duration
 from fanout.overload import startup_error
 
@@ -438,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings(config_file=args.config)
         data_dir = Path(args.data_dir) if args.data_dir else settings.data_dir
         return int(args.func(args, settings, data_dir))
-    except (ConfigError, DataDirBusy, CliError, ShardCountMismatch, EngineUnavailable, WorkerError) as exc:
+    except (ConfigError, DataDirBusy, CliError, ShardCountMismatch, EngineUnavailable) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     except FanoutError as exc:  # e.g. a claim the token refuses

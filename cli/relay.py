@@ -39,12 +39,6 @@ EPILOG = (
 )
 
 
-class RelayCliError(RuntimeError):
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=500, help="most events per Kafka transaction (default 500)")
     p.add_argument(
@@ -85,36 +79,9 @@ def cmd_relay(args: argparse.Namespace, settings: Any = None, data_dir: Any = No
     return run(args)
 
 
-def _setting(name: str) -> str:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        example = "postgresql://user@host:5432/dbname" if name == "FANOUT_EVENT_STORE" else "kafka://host:9092"
-        raise RelayCliError(f"{name} is not set; the relay needs it, e.g. {name}={example}", 2)
-    return value
-
-
-def _check_postgres(env: dict[str, str]) -> None:
-    """A plain connection first: it names the cause (eventsourcing's pool only says it got
-    no connection after 30 s)."""
-    import psycopg
-
-    where = f"{env['POSTGRES_HOST']}:{env['POSTGRES_PORT']}/{env['POSTGRES_DBNAME']}"
-    try:
-        conn = psycopg.connect(
-            host=env["POSTGRES_HOST"],
-            port=int(env["POSTGRES_PORT"]),
-            user=env["POSTGRES_USER"],
-            password=env.get("POSTGRES_PASSWORD") or None,
-            dbname=env["POSTGRES_DBNAME"],
-            connect_timeout=int(env.get("POSTGRES_CONNECT_TIMEOUT", "5")),
-        )
-    except psycopg.Error as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise RelayCliError(f"cannot reach the event store at {where}: {first}", 1) from None
-    conn.close()
-
-
 def run(args: argparse.Namespace) -> int:
+    from fanout.bootstrap.relay import RelayExit
+
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
     log = logging.getLogger("fanout.relay")
@@ -125,60 +92,37 @@ def run(args: argparse.Namespace) -> int:
     rdkafka.setLevel(logging.CRITICAL if not args.verbose else logging.DEBUG)
     try:
         return _run(args, rdkafka)
-    except RelayCliError as exc:
+    except RelayExit as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
         return exc.code
 
 
 def _run(args: argparse.Namespace, rdkafka: logging.Logger) -> int:
-    from domain.params import Parameters
-    from fanout.application import FanoutApplication
-    from fanout.urls import UrlError, kafka_settings, postgres_env
-    from streams.relay import Relay, RelayError
+    from fanout.bootstrap.relay import RelayExit, RelayOptions, bootstrap_relay
 
-    if args.batch < 1:
-        raise RelayCliError("--batch must be at least 1", 2)
-    if not args.commit_interval_ms >= 0:
-        raise RelayCliError("--commit-interval-ms must be 0 or more", 2)
-    try:
-        env = postgres_env(_setting("FANOUT_EVENT_STORE"))
-        kafka = kafka_settings(_setting("FANOUT_LOG"))
-    except UrlError as exc:
-        raise RelayCliError(str(exc), 2) from None
-    _check_postgres(env)
-    try:
-        app = FanoutApplication(Parameters(), {**env, "CREATE_TABLE": "y"})
-    except Exception as exc:  # the store answered a moment ago: say what it said now
-        raise RelayCliError(f"cannot open the event store: {type(exc).__name__}: {exc}", 1) from None
-    relay = Relay(
-        app,
-        bootstrap=kafka.bootstrap,
-        topic=kafka.topic,
-        partitions=kafka.partitions,
-        replication=kafka.replication,
-        min_insync=kafka.min_insync,
-        transactional_id=args.transactional_id,
+    options = RelayOptions(
         batch=args.batch,
         commit_interval=args.commit_interval_ms / 1000.0,
         log_interval=args.log_interval,
-        kafka_logger=rdkafka,
+        transactional_id=args.transactional_id,
     )
+    process = bootstrap_relay(os.environ, options, kafka_logger=rdkafka)
 
     def stop(signum: int, _frame: Any) -> None:
-        relay.stop()
+        process.stop()
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        relay.run()
-    except RelayError as exc:
-        raise RelayCliError(str(exc), 1) from None
+        process.run()
+    except RelayExit:
+        raise
     except Exception as exc:  # unexpected: one line; the traceback with --verbose
         logging.getLogger("fanout.relay").debug("relay failed", exc_info=True)
-        raise RelayCliError(f"the relay failed: {type(exc).__name__}: {exc}", 1) from None
+        raise RelayExit(f"the relay failed: {type(exc).__name__}: {exc}", 1) from None
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-        app.close()
+        process.close()
     return 0
 
 

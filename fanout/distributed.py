@@ -30,6 +30,7 @@ from typing import Any, Protocol, Self
 from domain.errors import InvalidArgument
 from domain.params import Parameters
 from fanout.application import FanoutApplication
+from fanout.effects import Effects, push_online
 from fanout.overload import Backpressure
 from fanout.push import PushHub
 from fanout.queries import Queries
@@ -53,8 +54,9 @@ class Closeable(Protocol):
     def close(self) -> None: ...
 
 
-class Engines(Protocol):
-    """What a replica asks of the log and the workers (built by the composition root)."""
+class ReplicaLinks(Protocol):
+    """What a replica asks of the log and the workers (built by the composition root:
+    `streams/replica_links.py` over Kafka)."""
 
     def relayed_position(self) -> int:
         """The last event-store position the relay committed to Kafka."""
@@ -84,7 +86,7 @@ class DistributedRuntime:
         params: Parameters,
         event_store_env: Mapping[str, str],
         views: ViewStore,
-        engines: Engines,
+        links: ReplicaLinks,
         *,
         partitions: int,
         route: Callable[[str, str, int], int] | None = None,
@@ -92,7 +94,7 @@ class DistributedRuntime:
     ) -> None:
         self.params = params
         self.views = views
-        self.engines = engines
+        self.links = links
         self.partitions = partitions
         self.route = route  # (tenant, conversation_id, partitions) -> the log partition of its events
         self.clock = clock
@@ -129,19 +131,14 @@ class DistributedRuntime:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._pushes: Closeable | None = None
+        # a Delivered the workers published -> this replica's sockets (fanout/effects.py)
+        self._effects = Effects({Delivered: [push_online(self.hub, views)]})
 
     # -- wiring: what the command side reads from the views --------------------------
 
     def _projected(self) -> None:
         self.wait_until(self.app.log_position(), timeout=30)
 
-    def _on_push(self, effect: Delivered) -> None:
-        try:
-            pushes = self.hub.deliver(effect)
-            if pushes:
-                self.views.record_pushes(effect.tenant, effect.conversation_id, effect.seq, pushes)
-        except Exception:
-            log.exception("could not push %s/%s seq %s", effect.tenant, effect.conversation_id, effect.seq)
 
     def _on_tracked(self, tracked: ViewsTracked) -> None:
         """A worker's commit left these positions in the views: waiters wake now."""
@@ -200,8 +197,8 @@ class DistributedRuntime:
         out: dict[str, Any] = {}
         for name, probe in (
             ("event_store", self.app.log_position),
-            ("relay_position", self.engines.relayed_position),
-            ("workers", self.engines.workers),
+            ("relay_position", self.links.relayed_position),
+            ("workers", self.links.workers),
             ("views_position", lambda: self.views.low_watermark(DeliveryProjection.name)),
         ):
             try:
@@ -211,7 +208,7 @@ class DistributedRuntime:
                 out.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:300]
         if out.get("workers"):
             # Held by no live worker: nothing projects them (a rebalance in progress, or too few workers).
-            held = self.engines.worker_partitions()
+            held = self.links.worker_partitions()
             out["unassigned_partitions"] = unassigned = [p for p in range(self.partitions) if p not in held]
             if not unassigned:
                 self.served = True
@@ -282,7 +279,7 @@ class DistributedRuntime:
         return self.views.positions()
 
     def host_counters(self) -> dict[str, dict[str, int]]:
-        return self.engines.worker_counters()
+        return self.links.worker_counters()
 
     def capacity(self) -> CapacityProjection:
         return platform_window(self.params, self.views, self.partitions)
@@ -297,7 +294,7 @@ class DistributedRuntime:
     def start(self) -> Self:
         if self.running:
             return self
-        self._pushes = self.engines.subscribe_pushes(self._on_push, self._on_tracked)
+        self._pushes = self.links.subscribe_pushes(lambda d: self._effects((d,)), self._on_tracked)
         for target, name in ((self._watch, "fanout-watermark"), (self._check_health, "fanout-health")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
@@ -310,7 +307,7 @@ class DistributedRuntime:
             t.join(5)
         if self._pushes is not None:
             self._pushes.close()
-        self.engines.close()
+        self.links.close()
         self.hub.close()
         self.views.close()
         self.app.close()

@@ -19,8 +19,7 @@ from fanout.push import PushHub
 from fanout.queries import Queries
 from fanout.rereview import MailboxMeter
 from fanout.runtime import ViewReads
-from projections.capacity import CapacityProjection, ReviewTrigger
-from projections.delivery import Delivered
+from projections.capacity import CapacityProjection
 from projections.hosting import PROJECTIONS, Effect
 from projections.ports import ViewStore
 
@@ -64,6 +63,8 @@ class Projector(Protocol):
 
 # (the application, what to do with the effects of each committed unit) -> the runner
 ProjectorFactory = Callable[[FanoutApplication, Callable[[Sequence[Effect]], None]], Projector]
+# the runtime (its hub, views and application built) -> what acts on a committed unit's effects
+EffectsFactory = Callable[["EmbeddedRuntime"], Callable[[Sequence[Effect]], None]]
 
 
 class EmbeddedRuntime:
@@ -82,6 +83,7 @@ class EmbeddedRuntime:
         lock: Releasable | None = None,
         meter: MailboxMeter | None = None,
         projector: ProjectorFactory,
+        effects: EffectsFactory,
     ) -> None:
         self.data_dir = data_dir
         self.meter = meter
@@ -93,7 +95,8 @@ class EmbeddedRuntime:
         self.app = reads.app = FanoutApplication(params, dict(event_store_env), clock=clock, **reads.wiring())
         self.queries = Queries(views, params)
         self.hub = PushHub(views)
-        self.runner = projector(self.app, self._on_effects)
+        self.review_triggers = 0
+        self.runner = projector(self.app, effects(self))
         self.app.saved_listeners.append(self.runner.wake)
         self.backpressure = Backpressure(
             self.runner,
@@ -102,7 +105,6 @@ class EmbeddedRuntime:
             max_entries=params.max_projection_lag_entries,
         )
         self.app.recorded_listeners.append(self.backpressure.recorded)
-        self.review_triggers = 0
         self.started_at = time.time()
 
     # -- wiring: what the command side reads from the views -----------------------------
@@ -111,22 +113,9 @@ class EmbeddedRuntime:
         if self.runner.running:
             self.runner.wait_until(self.runner.log_position(), timeout=30)
 
-    def _on_effects(self, effects: Sequence[Effect]) -> None:
-        """After a unit of work commits: online pushes (invariant O), and the reviews
-        T1/T2 open (ADR decision 3: a trigger only opens one; a person decides)."""
-        for effect in effects:
-            try:
-                if isinstance(effect, Delivered):
-                    pushes = self.hub.deliver(effect)
-                    self.views.record_pushes(effect.tenant, effect.conversation_id, effect.seq, pushes)
-                elif isinstance(effect, ReviewTrigger):
-                    t = effect
-                    self.app.open_review(
-                        t.tenant, t.size_bucket, t.trigger, t.details, "capacity-monitor", review_key=t.review_key
-                    )
-                    self.review_triggers += 1
-            except Exception:
-                log.exception("could not act on %s (the views are committed)", type(effect).__name__)
+    def opened_review(self) -> None:
+        """A capacity trigger opened a review (counted for /metrics)."""
+        self.review_triggers += 1
 
     # -- the projectors (Runtime) ---------------------------------------------------------
 

@@ -113,3 +113,33 @@ def partition_count(bootstrap: str, topic: str, timeout: float = 30.0) -> int:
     if meta is None or meta.error is not None or not meta.partitions:
         raise LookupError(f"Kafka topic {topic!r} not found")
     return len(meta.partitions)
+
+
+def consumer_group_members(bootstrap: str, group: str, timeout: float = 5.0, *, admin: Any = None) -> int:
+    """Members of a Kafka consumer group (0 when it is empty or unknown). A caller that
+    asks often passes its own long-lived AdminClient."""
+    if admin is None:
+        admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout * 1000)})
+    deadline = time.monotonic() + timeout
+    while True:
+        futures = admin.describe_consumer_groups([group], request_timeout=timeout)
+        try:
+            description = futures[group].result(timeout=timeout)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            code = getattr(error, "code", lambda: None)()
+            if code == KafkaError.GROUP_ID_NOT_FOUND:
+                return 0
+            # The group's coordinator moving or loading (NOT_COORDINATOR seen by the e2e
+            # suite): ask again within the timeout, not "the workers are unknown"
+            moving = (
+                KafkaError.NOT_COORDINATOR,
+                KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                KafkaError.COORDINATOR_NOT_AVAILABLE,
+            )
+            transient = code in moving or getattr(error, "retriable", lambda: False)()
+            if transient and time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+            raise
+        return len(description.members)

@@ -24,13 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from adapters.sqlite_rebuild import SqliteAsideBuilds
 from domain.params import Parameters
-from fanout.bootstrap import bootstrap, open_views
+from fanout.bootstrap import bootstrap, open_views, rebuild_host, sqlite_aside_builds
 from fanout.embedded import EmbeddedRuntime
 from projections.delivery import DeliveryProjection
 from projections.ports import ALL_PARTS, AsideBuilds, StaleAside, ViewStore
-from streams.embedded import EmbeddedRunner
 
 TARGETS: dict[str, frozenset[str]] = {
     "all": ALL_PARTS,
@@ -40,7 +38,7 @@ TARGETS: dict[str, frozenset[str]] = {
 }
 
 REBUILD_PREFIX = "rebuild-"
-ASIDE: AsideBuilds = SqliteAsideBuilds()  # the engine of the views bootstrap opens
+ASIDE: AsideBuilds = sqlite_aside_builds()  # the engine of the views bootstrap opens
 
 
 class RebuildError(RuntimeError):
@@ -97,7 +95,7 @@ def build_aside(
     still keeps its whole in-memory model, so building from 0 needs nothing else."""
     ASIDE.remove(directory, prefix)
     aside = open_views(directory, rt.params.mailbox_shards, prefix=prefix)
-    runner = EmbeddedRunner(rt.app, aside, rt.params, parts=parts)
+    runner = rebuild_host(rt.app, aside, rt.params, parts=parts)
     top = runner.log_position()
     try:
         runner.catch_up((lambda _n: progress(runner.position(), top)) if progress else None)
@@ -321,7 +319,7 @@ def _build_distributed(
 
     store = open_distributed_views(settings, keyspace=keyspace)
     try:
-        runner = EmbeddedRunner(app, store, settings.params, parts=parts, until=top)
+        runner = rebuild_host(app, store, settings.params, parts=parts, until=top)
         with _bar(desc, 0, top, progress, out) as bar:
             runner.catch_up(lambda _n: bar(runner.position(), top))
         built = runner.position()

@@ -82,7 +82,7 @@ class Cluster:
         rt = self.runtimes[0] if self.runtimes else self.replica()
         deadline = time.monotonic() + timeout
         every = set(range(rt.partitions))
-        while rt.engines.workers() < count or not every <= rt.engines.worker_partitions():
+        while rt.links.workers() < count or not every <= rt.links.worker_partitions():
             dead = [n for n, p in self.procs.items() if p.poll() is not None]
             assert not dead, f"{dead} exited: {self.log_of(dead[0])}"
             assert time.monotonic() < deadline, f"{count} workers not up in {timeout} s: {self.log_of('worker')}"

@@ -471,7 +471,7 @@ def test_b_kill_9_of_the_relay(deployment: Deployment) -> None:
         rest.start()
         delay = r.uniform(0.0, 0.3 * PER_RUN)
         time.sleep(delay)
-        relayed = d.rt.engines.relayed_position()
+        relayed = d.rt.links.relayed_position()
         at_kill = written(d, range(first, first + PER_RUN))
         d.cluster.kill("relay")
         down = r.uniform(0.0, 1.5)

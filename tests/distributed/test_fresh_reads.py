@@ -117,7 +117,7 @@ def holdings(rt: DistributedRuntime, cluster: Cluster, timeout: float = 60.0) ->
     since = time.monotonic()
     while True:
         now: dict[str, set[int]] = {}
-        for beat in rt.engines.beats.alive():  # KafkaEngines
+        for beat in rt.links.beats.alive():  # KafkaReplicaLinks
             name = pids.get(beat.worker.split(":")[1])
             if name is not None:
                 now[name] = set(beat.partitions)

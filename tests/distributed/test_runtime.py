@@ -89,19 +89,19 @@ def test_the_replicas_count_the_workers_by_their_heartbeats(cluster: Cluster) ->
     health = first.check()
     assert health["workers"] == 1 and health["unassigned_partitions"] == [], health
     late = cluster.replica()  # started after the worker's beats: reads the last ones back
-    assert late.engines.workers() == 1
+    assert late.links.workers() == 1
 
     cluster.start("worker-2")
     cluster.wait_workers(2)
     cluster.kill("worker-2", signal.SIGTERM)  # stopped: its last beat says so
     t0 = time.monotonic()
-    while first.engines.workers() > 1:
+    while first.links.workers() > 1:
         assert time.monotonic() - t0 < 3.0, "a stopped worker still counted"
         time.sleep(0.05)
 
     cluster.kill("worker")  # kill -9: no last beat
     t0 = time.monotonic()
-    while first.engines.workers() > 0:
+    while first.links.workers() > 0:
         assert time.monotonic() - t0 < 10.0, "a killed worker still counted"
         time.sleep(0.1)
     assert first.check()["workers"] == 0 and "unassigned_partitions" not in first.check()

@@ -206,7 +206,7 @@ def test_verify_finds_a_corrupted_row_and_rebuild_restores_it(
 
     cluster.kill("worker", signal.SIGTERM)
     deadline = time.monotonic() + 60
-    while rt.engines.workers() > 0:
+    while rt.links.workers() > 0:
         assert time.monotonic() < deadline, "the stopped worker stayed in the consumer group"
         time.sleep(0.5)
     code, out, err = run(capsys, "rebuild", "all", "-q")

@@ -1,0 +1,75 @@
+"""The composition root (cosmicpython's `bootstrap`): the one place that picks the engines
+and the projection host and wires them to the service layer, for every process kind.
+The entry points (`cli/`, `tools/`, `api/`) parse their arguments and call one of these;
+nothing else imports an adapter or a host (tests/unit/test_layering.py).
+
+    embedded.py  `fanout serve` on one machine: bootstrap() (SQLite, RocksDB, in-process host)
+    replica.py   an API replica of the distributed runtime: bootstrap_distributed()
+    worker.py    a projection worker: bootstrap_worker()
+    relay.py     the event store -> Kafka relay: bootstrap_relay()
+    stores.py    the stores and the host the operator tools open (rebuild, verify, replay)
+
+What a process does with the effects of a committed unit (pushes, reviews) is said by the
+handlers each of these gives `fanout/effects.py`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fanout.bootstrap.embedded import (
+    EMBEDDED_ENGINES,
+    DataDirBusy,
+    DataDirLock,
+    NoMailbox,
+    ShardCountMismatch,
+    bootstrap,
+    open_application,
+    open_mailbox,
+    open_views,
+    open_views_only,
+    sqlite_event_store,
+)
+from fanout.bootstrap.replica import bootstrap_distributed, open_cassandra_views
+from fanout.bootstrap.stores import (
+    cassandra_aside_builds,
+    log_partitions,
+    open_application_for,
+    open_distributed_views,
+    rebuild_host,
+    sqlite_aside_builds,
+    worker_group_members,
+)
+from fanout.config import Settings, is_distributed
+from fanout.runtime import Runtime
+
+__all__ = [
+    "EMBEDDED_ENGINES",
+    "DataDirBusy",
+    "DataDirLock",
+    "NoMailbox",
+    "ShardCountMismatch",
+    "bootstrap",
+    "bootstrap_distributed",
+    "cassandra_aside_builds",
+    "log_partitions",
+    "open_application",
+    "open_application_for",
+    "open_cassandra_views",
+    "open_distributed_views",
+    "open_mailbox",
+    "open_runtime",
+    "open_views",
+    "open_views_only",
+    "rebuild_host",
+    "sqlite_aside_builds",
+    "sqlite_event_store",
+    "worker_group_members",
+]
+
+
+def open_runtime(settings: Settings, data_dir: Path | str | None = None) -> Runtime:
+    """The runtime the settings name: the distributed one for postgresql://, kafka:// and
+    cassandra:// URLs, else the embedded one over the data dir (`fanout serve`)."""
+    if is_distributed(settings):
+        return bootstrap_distributed(settings)
+    return bootstrap(settings, data_dir)

@@ -1,0 +1,77 @@
+"""An API replica of the distributed runtime: the command side on the PostgreSQL event store,
+the views and the mailbox in Cassandra (written by the workers), pushes, heartbeats and the
+relay's position from Kafka (`streams/replica_links.py`). Also the Cassandra views every
+other process of that runtime opens (`open_cassandra_views`: the workers, the tools)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from fanout.config import EngineUnavailable, Settings
+from fanout.distributed import DistributedRuntime
+from fanout.rereview import MailboxMeter
+from fanout.urls import CassandraSettings, cassandra_settings, kafka_settings, postgres_env
+from projections.ports import ViewStore
+from streams.routing import conversation_partition
+
+if TYPE_CHECKING:  # the engines' clients are imported when the runtime is built
+    from adapters.cassandra_views import CassandraViews
+
+
+def open_cassandra_views(settings: CassandraSettings, *, partitions: int) -> CassandraViews:
+    """The views and the mailbox in Cassandra (keyspace and tables created if absent)."""
+    from adapters.cassandra_mailbox import CassandraMailbox
+    from adapters.cassandra_views import CassandraViews
+
+    mailbox = MailboxMeter(CassandraMailbox.from_settings(settings))  # timed: re-review condition 4 (ADR-0026)
+    try:
+        return CassandraViews.from_settings(settings, mailbox, partitions=partitions)
+    except BaseException:
+        mailbox.close()
+        raise
+
+
+def bootstrap_distributed(
+    settings: Settings,
+    *,
+    clock: Callable[[], float] = time.time,
+    views: ViewStore | None = None,
+) -> DistributedRuntime:
+    """An API replica of the distributed runtime: the command side on the PostgreSQL event
+    store (tables created if absent), the views in Cassandra (keyspace and tables created if
+    absent), pushes and health from Kafka. The relay and the workers run apart
+    (`fanout relay`, `fanout worker`)."""
+    from fanout.event_store import check_event_store
+    from streams.replica_links import KafkaReplicaLinks  # Kafka's client: when this runtime is built
+
+    kafka = kafka_settings(settings.log)
+    env = postgres_env(settings.event_store)
+    check_event_store(env)  # a missing database or a server down: one line naming the URL and what to do
+    built = None
+    if views is None:
+        cassandra = cassandra_settings(settings.views)
+        try:
+            views = built = open_cassandra_views(cassandra, partitions=kafka.partitions)
+        except Exception as exc:
+            where = f"cassandra://{','.join(cassandra.hosts)}:{cassandra.port}/{cassandra.keyspace}"
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise EngineUnavailable(
+                f"FANOUT_VIEWS: cannot open the views at {where} ({type(exc).__name__}: {first}): is Cassandra "
+                "running there?"
+            ) from None
+    try:
+        return DistributedRuntime(
+            settings.params,
+            env,
+            views,
+            KafkaReplicaLinks(kafka, unreachable=EngineUnavailable),
+            partitions=kafka.partitions,
+            route=conversation_partition,
+            clock=clock,
+        )
+    except BaseException:
+        if built is not None:
+            built.close()
+        raise
