@@ -19,7 +19,7 @@ from contextlib import suppress
 from functools import partial
 from typing import Any, TypeVar
 
-from fanout.application import outcome
+from fanout.units import outcome
 
 T = TypeVar("T")
 

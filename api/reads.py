@@ -16,8 +16,8 @@ from domain.errors import InvalidArgument, NotAMember, NotFound, Unavailable
 from domain.params import WritePolicy
 from domain.policy import TierTerms, alpha_of, decide, equivalent_threshold, read_diffusion_saving
 from domain.review import check_alpha_parameters
-from fanout.application import review_dict
 from fanout.runtime import Runtime
+from fanout.wire import review_dict
 from tools.analyze import alpha_report_of
 
 READ_THROUGH_TIMEOUT = 2.0

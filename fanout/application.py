@@ -25,11 +25,7 @@ exact across replicas. What they read (ADR-0023):
   when its own cannot pay, so replicas of one tenant do not race on one stream.
 
 MARK_READ appends to the member's own MemberReadState stream, not to the conversation's
-(ADR-0018). The activity a read is (alpha, who is materialized in mention_only) is
-recorded on the conversation only when the member's recorded activity is stale, and then
-group-committed: pending refreshes ride on the next command this process writes to that
-conversation, or are appended by a background thread as ONE Conversation.MembersActive
-per conversation every `activity_flush_interval` seconds, and on close."""
+(ADR-0018); the activity refreshes it pends are group-committed by `fanout/activity.py`."""
 
 from __future__ import annotations
 
@@ -45,7 +41,7 @@ from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 from uuid import UUID
 
-from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
+from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import InfrastructureFactory, RecordConflictError, Recording
 from eventsourcing.utils import Environment, get_topic
@@ -59,8 +55,11 @@ from domain.quota import QUOTA_SLOTS, Quota, SlottedQuota, TenantQuota, TenantQu
 from domain.reads import MemberReadState
 from domain.review import Review
 from domain.tier import Tier
+from fanout.activity import PendingActivity
 from fanout.gate import UserCommandGate
 from fanout.overload import storage_unavailable
+from fanout.units import Group, GroupBroken, Outcome, Unit, outcome
+from fanout.wire import review_dict, tier_dict
 
 A = TypeVar("A", bound=Aggregate)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -69,7 +68,7 @@ CONFLICT_RETRIES = 10  # a command that lost this many races in a row is refused
 # How long a replica on a shared store trusts that a scope has no tier (ADR-0023).
 NO_TIER_TTL = 1.0
 # Pending activity refreshes of MARK_READ are appended at most this often per conversation
-# (ADR-0018): a crash loses at most this much of them (the read seqs are durable).
+# (ADR-0018, fanout/activity.py): a crash loses at most this much of them.
 ACTIVITY_FLUSH_INTERVAL = 0.2
 
 log = logging.getLogger(__name__)
@@ -122,65 +121,6 @@ def retried(method: F) -> F:
 
 SENT_SCAN_PAGE = 50
 _MESSAGE_SENT_TOPIC = get_topic(Conversation.MessageSent)
-
-
-class Unit(list[Aggregate]):
-    """The aggregates one command saves atomically; after the save, `position` is the
-    notification id of the last event it recorded (None when it recorded nothing)."""
-
-    position: int | None = None
-
-    def __init__(self) -> None:
-        super().__init__()
-        # (conversation key, pending activity applied): cleared from the pending map once saved
-        self.activity: list[tuple[tuple[str, str], dict[str, float], bool]] = []
-        # aggregates taken from the cache without a fast-forward (shared store only)
-        self.unchecked: list[Aggregate] = []
-
-    def touch(self, aggregate: Aggregate) -> None:
-        """Add an aggregate to save, once (by identity)."""
-        if not any(a is aggregate for a in self):
-            self.append(aggregate)
-
-
-class Group:
-    """Commands run together by `FanoutApplication.grouped` on one thread: each decided on its
-    own, their events staged in one ProcessingEvent and written in ONE event-store transaction
-    (ADR-0030)."""
-
-    def __init__(self) -> None:
-        self.owner = threading.get_ident()
-        self.processing: ProcessingEvent[UUID] = ProcessingEvent()
-        self.units: list[tuple[Unit, int, int]] = []  # a unit and its slice of processing.events
-        self.answers: list[tuple[dict[str, Any], Unit]] = []  # results whose position awaits the commit
-        self.evicted: set[UUID] = set()  # aggregates a refused command of the group dropped from the cache
-
-    def stage(self, unit: Unit) -> None:
-        first = len(self.processing.events)
-        if unit:
-            self.processing.collect_events(*unit)
-        self.units.append((unit, first, len(self.processing.events)))
-
-    def reset(self) -> None:
-        """After the staged commands were written: the next ones start a new transaction."""
-        self.processing = ProcessingEvent()
-        self.units, self.answers, self.evicted = [], [], set()
-
-
-class GroupBroken(Exception):  # noqa: N818 (control flow of `grouped`, never raised out of it)
-    """Writing a group's staged commands failed while a later command of the group needed
-    them written: nothing of them is written, and the group runs again alone from them."""
-
-
-Outcome = tuple[Any, BaseException | None]
-
-
-def outcome(call: Callable[[], Any]) -> Outcome:
-    """(result, None) or (None, what it raised): a call's outcome, as an executor hands it over."""
-    try:
-        return call(), None
-    except BaseException as exc:  # handed to its caller, as an executor would
-        return None, exc
 
 
 class FanoutApplication(Application[UUID]):
@@ -252,9 +192,7 @@ class FanoutApplication(Application[UUID]):
         # per read as before ADR-0018 (kept for bench/mark_read_scale.py only).
         self.activity_flush_interval = activity_flush_interval
         self.legacy_read_marks = legacy_read_marks
-        self._pending: dict[tuple[str, str], dict[str, float]] = {}  # (tenant, cid) -> user -> at
-        self._flusher: threading.Thread | None = None
-        self._closing = threading.Event()
+        self.activity = PendingActivity(self.lock, activity_flush_interval, self._flush_conversation)
         self.activity_events = 0  # MembersActive events saved
 
     def construct_factory(self, env: Environment) -> InfrastructureFactory[Any]:
@@ -387,7 +325,7 @@ class FanoutApplication(Application[UUID]):
 
     def _saved(self, unit: Unit) -> None:
         for key, applied, recorded in unit.activity:
-            self._activity_saved(key, applied)
+            self.activity.saved(key, applied)
             self.activity_events += recorded
 
     # -- group commit of queued commands (ADR-0030) ---------------------------------------
@@ -521,7 +459,7 @@ class FanoutApplication(Application[UUID]):
         command's unit (before anything else it raises on the conversation), so sends and
         policy evaluations decide with them, at no extra append."""
         key = (conv.tenant, conv.conversation_id)
-        pending = self._pending.get(key)
+        pending = self.activity.of(key)
         if not pending:
             return
         applied = dict(pending)
@@ -530,57 +468,13 @@ class FanoutApplication(Application[UUID]):
         if recorded:
             touched.touch(conv)
 
-    def _activity_saved(self, key: tuple[str, str], applied: dict[str, float]) -> None:
-        bucket = self._pending.get(key)
-        if bucket is None:
-            return
-        for user, at in applied.items():
-            if bucket.get(user) == at:
-                del bucket[user]
-        if not bucket:
-            del self._pending[key]
-
-    def _defer_activity(self, key: tuple[str, str], user_id: str, at: float) -> None:
-        with self.lock:
-            bucket = self._pending.setdefault(key, {})
-            if at > bucket.get(user_id, 0.0):
-                bucket[user_id] = at
-            if self._flusher is None and not self._closing.is_set():
-                self._flusher = threading.Thread(target=self._flush_loop, name="fanout-activity", daemon=True)
-                self._flusher.start()
-
-    def _flush_loop(self) -> None:
-        """Runs while activity is pending: every interval, one MembersActive per conversation."""
-        while not self._closing.wait(self.activity_flush_interval):
-            with self.lock:
-                if not self._pending:
-                    self._flusher = None
-                    return
-            self.flush_activity()
-        with self.lock:
-            self._flusher = None
-
     def pending_activity(self) -> int:
         """Members whose activity refresh is not appended yet."""
-        with self.lock:
-            return sum(len(b) for b in self._pending.values())
+        return self.activity.count()
 
     def flush_activity(self) -> int:
-        """Append every pending activity refresh now: one Conversation.MembersActive per
-        conversation. Returns the events appended. A conversation that fails stays pending
-        (next interval); one that is gone is dropped."""
-        appended = 0
-        with self.lock:
-            keys = list(self._pending)
-        for key in keys:
-            try:
-                appended += self._flush_conversation(*key)
-            except NotFound:
-                with self.lock:
-                    self._pending.pop(key, None)
-            except Exception:  # the store is unavailable: keep it pending, retry next interval
-                log.warning("activity of %s/%s not recorded yet", *key, exc_info=True)
-        return appended
+        """Append every pending activity refresh now (fanout/activity.py); the events appended."""
+        return self.activity.flush()
 
     @retried
     def _flush_conversation(self, tenant: str, conversation_id: str) -> int:
@@ -591,12 +485,9 @@ class FanoutApplication(Application[UUID]):
 
     def close(self) -> None:
         """Append the pending activity refreshes, then close the store."""
-        self._closing.set()
-        flusher = self._flusher
-        if flusher is not None and flusher is not threading.current_thread():
-            flusher.join(5)
+        self.activity.close()
         try:
-            self.flush_activity()
+            self.activity.flush()
         finally:
             super().close()
 
@@ -784,14 +675,14 @@ class FanoutApplication(Application[UUID]):
         Otherwise the read seq is appended to the member's MemberReadState stream only
         (ADR-0018): the conversation is read (validation, activity), not written, unless
         the member's recorded activity is stale; that refresh is group-committed (see
-        `_defer_activity`)."""
+        fanout/activity.py)."""
         known = self.read_state(tenant, conversation_id, user_id)  # a view read, off the command lock
         key = (tenant, conversation_id)
         stale = False
         with self._unit() as touched:
             conv = self._conversation(tenant, conversation_id)
             now = self.clock()
-            pending = self._pending.get(key, {}).get(user_id, 0.0) if user_id in conv.members else 0.0
+            pending = self.activity.at(key, user_id) if user_id in conv.members else 0.0
             if known is not None and conv.read_changes_nothing(user_id, read_seq, known[0], now, self.params, pending):
                 return {"conversation_id": conversation_id, "read_seq": known[0], "coalesced": True, "position": known[1]}
             conv.check_read(user_id, read_seq)
@@ -820,12 +711,12 @@ class FanoutApplication(Application[UUID]):
                     touched.append(mark)
                 stale = not conv.activity_is_recent(user_id, now, self.params, pending)
                 if stale and self.activity_flush_interval <= 0:
-                    self._pending.setdefault(key, {})[user_id] = now
+                    self.activity.add(key, user_id, now)
                     self._apply_activity(conv, touched)
                     stale = False
             result = {"conversation_id": conversation_id, "read_seq": read_seq, "coalesced": False}
         if stale:  # recorded after the read's own save: a lost race re-decides it
-            self._defer_activity(key, user_id, now)
+            self.activity.defer(key, user_id, now)
         return self._positioned(result, touched)
 
     @retried
@@ -1030,35 +921,3 @@ def _bucket(size_bucket: str) -> SizeBucket:
         raise InvalidArgument(
             f"size_bucket must be one of {[b.value for b in SizeBucket]}", field="size_bucket"
         ) from None
-
-
-def review_dict(r: Review) -> dict[str, Any]:
-    return {
-        "review_id": str(r.id),
-        "tenant": r.tenant,
-        "size_bucket": r.size_bucket,
-        "trigger": r.trigger,
-        "details": r.details,
-        "opened_by": r.opened_by,
-        "opened_at": r.opened_at,
-        "status": r.status,
-        "decision": r.decision,
-        "decision_params": r.decision_params,
-        "decided_by": r.decided_by,
-        "decided_at": r.decided_at,
-    }
-
-
-def tier_dict(tenant: str, size_bucket: str, tier: Tier | None) -> dict[str, Any]:
-    if tier is None:
-        return {"tenant": tenant, "size_bucket": size_bucket, "state": "disabled", "conversations": []}
-    return {
-        "tenant": tenant,
-        "size_bucket": size_bucket,
-        "state": "enabled" if tier.enabled else "disabled",
-        "review_id": tier.review_id,
-        "read_diffusion_min_saving": tier.min_saving if tier.enabled else None,
-        "read_diffusion_max_active_ratio": tier.max_active_ratio if tier.enabled else None,
-        "changed_at": tier.changed_at,
-        "conversations": sorted(tier.conversations),
-    }

@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 
 from domain.errors import FanoutError
 from domain.params import Parameters
-from fanout.application import FanoutApplication, outcome
+from fanout.application import FanoutApplication
 from fanout.clock import FakeClock
+from fanout.units import outcome
 
 T = "acme"
 CONVERSATIONS = {"c0": ["m0", "m1", "m2", "m3"], "c1": ["m0", "m1", "m2", "m3"], "c2": ["m0", "m1"]}
