@@ -241,7 +241,7 @@ class KafkaEngines:
         self._subscribed = False
 
     def relayed_position(self) -> int:
-        from streams.relay import position_consumer, relayed_position
+        from streams.positions import position_consumer, relayed_position
 
         with self._lock:
             if self._consumer is None:
