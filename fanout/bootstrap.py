@@ -227,8 +227,8 @@ class KafkaEngines:
     (their heartbeats on the pushes topic) and the online pushes the workers publish."""
 
     def __init__(self, kafka: KafkaSettings) -> None:
+        from streams.heartbeats import WorkerBeats
         from streams.kafka_health import process_health
-        from streams.pushes import WorkerBeats
 
         self.kafka = kafka
         self.beats = WorkerBeats()
