@@ -1,8 +1,9 @@
 """What the benches on the real engines share (bench/distributed_fanout.py,
 bench/cassandra_sessions.py, bench/distributed_small_groups.py): a database, topic and
 keyspace of the bench's own on the engines of $FANOUT_ENGINES_DIR/engines.env, the relay,
-workers and `fanout serve` as subprocesses, a service token, and the memory of every process
-(/proc/<pid>/status VmHWM / VmRSS, sampled while the bench runs). Not a bench itself."""
+workers and `fanout serve` as subprocesses (both tools/deploy.py's, with the bench's
+settings), a service token, and the memory of every process (/proc/<pid>/status VmHWM /
+VmRSS, sampled while the bench runs). Not a bench itself."""
 
 from __future__ import annotations
 
@@ -10,23 +11,22 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from tools import deploy  # noqa: E402
 
 ENGINES_DIR = Path(os.environ.get("FANOUT_ENGINES_DIR", "/tmp/fanout-engines"))
 SECRET = "bench-secret-bench-secret-bench-secret-0123456789"
@@ -54,36 +54,13 @@ def env_file() -> dict[str, str]:
     return out
 
 
-def with_path(url: str, path: str, query: str | None = None) -> str:
-    u = urlsplit(url)
-    return urlunsplit((u.scheme, u.netloc, "/" + path, u.query if query is None else query, ""))
-
-
-class Namespace:
+class Namespace(deploy.Namespace):
     """A PostgreSQL database, a Kafka topic (and its .pushes topic) and a Cassandra keyspace
-    of one name on the shared engines: created by create() (unless reused), dropped by drop()."""
+    of one name on the engines of engines.env: created by create() (unless reused), dropped by
+    drop() (a large keyspace may take minutes)."""
 
     def __init__(self, partitions: int, name: str | None = None, prefix: str = "bench") -> None:
-        self.engines = env_file()
-        self.name = name or f"{prefix}_{uuid.uuid4().hex[:10]}"
-        self.admin = with_path(self.engines["FANOUT_EVENT_STORE"], "postgres")
-        self.urls = {
-            "FANOUT_EVENT_STORE": with_path(self.engines["FANOUT_EVENT_STORE"], self.name),
-            "FANOUT_LOG": with_path(self.engines["FANOUT_LOG"], "", f"topic={self.name}&partitions={partitions}"),
-            "FANOUT_VIEWS": with_path(self.engines["FANOUT_VIEWS"], self.name),
-        }
-
-    def create(self) -> None:
-        import psycopg
-
-        with psycopg.connect(self.admin, autocommit=True, connect_timeout=5) as conn:
-            conn.execute(f'CREATE DATABASE "{self.name}"')
-
-    def drop(self) -> list[str]:
-        """Everything of the namespace; returns what could not be dropped."""
-        from cli.demo import drop_namespace
-
-        return drop_namespace(self.admin, self.name, self.urls, keyspace_timeout=300)
+        super().__init__(env_file(), partitions, name=name, prefix=prefix, keyspace_timeout=300)
 
 
 def exit_on_sigterm() -> None:
@@ -102,24 +79,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class Fleet:
+class Fleet(deploy.Fleet):
     """The relay, the workers and `fanout serve` as subprocesses with the namespace's URLs
-    and the open gates; logs in a temporary directory."""
+    and `settings` (the open gates), no other FANOUT_ parameter; logs in a temporary directory."""
 
     def __init__(self, urls: dict[str, str], settings: dict[str, str]) -> None:
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("FANOUT_")} | urls | settings
-        self.env["PYTHONPATH"] = str(ROOT)
-        self.env["FANOUT_SECRET"] = SECRET
-        self.logs = Path(tempfile.mkdtemp(prefix="fanout-bench-"))
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str, module: str, *args: str) -> subprocess.Popen[bytes]:
-        with open(self.logs / f"{name}.log", "wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", module, *args], env=self.env, stdout=log, stderr=log, cwd=ROOT
-            )
-        self.procs[name] = proc
-        return proc
+        env = deploy.process_env(urls, {**settings, "FANOUT_SECRET": SECRET})
+        super().__init__(env, Path(tempfile.mkdtemp(prefix="fanout-bench-")), cwd=ROOT)
 
     def start_pipeline(self, workers: int) -> None:
         self.start("relay", "cli.relay")
@@ -140,17 +106,6 @@ class Fleet:
                 if self.procs["serve"].poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"fanout serve did not start: see {self.logs / 'serve.log'}") from None
                 time.sleep(0.1)
-
-    def stop(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs.values():
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
 
 
 def service_token(sub: str = "bench") -> str:

@@ -37,6 +37,7 @@ from fanout.distributed import DistributedRuntime
 from fanout.embedded import EmbeddedRuntime
 from fanout.push import Connection
 from projections.state import unread_exact
+from tools.deploy import ENGINE_KEYS, Fleet, Namespace, NamespaceError, process_env
 
 TENANT = "demo"
 BIG = "all-hands"
@@ -540,7 +541,6 @@ def main_demo(data_dir: Path, members: int, params: Parameters, force: bool, qui
 # 100k-entry message through relay, worker and Cassandra; 20k members ~18 s, 2k ~15 s (mostly
 # the worker joining its group).
 DISTRIBUTED_MEMBERS = 100_000
-ENGINE_KEYS = ("FANOUT_EVENT_STORE", "FANOUT_LOG", "FANOUT_VIEWS")
 SETTLE_TIMEOUT = 300.0  # seconds a step waits for the views before the demo gives up
 START_TIMEOUT = 120.0  # seconds for the relay and the worker to come up
 
@@ -568,138 +568,12 @@ def engine_urls(env: dict[str, str] | None = None) -> dict[str, str]:
     return urls
 
 
-def _with(url: str, *, path: str | None = None, query: dict[str, str] | None = None) -> str:
-    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
-
-    u = urlsplit(url)
-    q = dict(parse_qsl(u.query))
-    q.update(query or {})
-    return urlunsplit((u.scheme, u.netloc, u.path if path is None else "/" + path, urlencode(q), ""))
-
-
-class _Namespace:
-    """The demo's own database, topic and keyspace on the shared engines."""
-
-    def __init__(self, base: dict[str, str], partitions: int) -> None:
-        import uuid
-
-        self.name = f"fanout_demo_{uuid.uuid4().hex[:10]}"
-        self.base = base
-        self.urls = {
-            "FANOUT_EVENT_STORE": _with(base["FANOUT_EVENT_STORE"], path=self.name),
-            "FANOUT_LOG": _with(base["FANOUT_LOG"], query={"topic": self.name, "partitions": str(partitions)}),
-            "FANOUT_VIEWS": _with(base["FANOUT_VIEWS"], path=self.name),
-        }
-
-    def _admin(self) -> str:
-        return _with(self.base["FANOUT_EVENT_STORE"], path="postgres")
-
-    def create(self) -> None:
-        import psycopg
-
-        try:
-            with psycopg.connect(self._admin(), autocommit=True, connect_timeout=5) as conn:
-                conn.execute(f'CREATE DATABASE "{self.name}"')
-        except psycopg.Error as exc:
-            raise DemoError(f"PostgreSQL at {self.base['FANOUT_EVENT_STORE']}: {exc}") from None
-
-    def drop(self) -> list[str]:
-        """Drop the database, the topics and the keyspace; returns what could not be dropped."""
-        return drop_namespace(self._admin(), self.name, self.urls)
-
-
-def drop_namespace(admin: str, name: str, urls: dict[str, str], *, keyspace_timeout: float = 120) -> list[str]:
-    """Drop the PostgreSQL database `name` (through the `admin` database URL), the Kafka topic
-    `name` and its .pushes topic, and the Cassandra keyspace of urls["FANOUT_VIEWS"]; returns
-    what could not be dropped (also used by bench/distributed_common.py)."""
-    failed = []
-    try:
-        import psycopg
-
-        with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    except Exception as exc:
-        failed.append(f"database {name}: {exc}")
-    try:
-        from confluent_kafka.admin import AdminClient
-
-        from fanout.urls import kafka_settings
-
-        topics = AdminClient({"bootstrap.servers": kafka_settings(urls["FANOUT_LOG"]).bootstrap})
-        for f in topics.delete_topics([name, f"{name}.pushes"], operation_timeout=30).values():
-            try:
-                f.result(timeout=30)
-            except Exception as exc:  # a topic never created: nothing to drop
-                if "UNKNOWN_TOPIC" not in str(exc):
-                    raise
-    except Exception as exc:
-        failed.append(f"topic {name}: {exc}")
-    try:
-        from cassandra.cluster import Cluster
-
-        from fanout.urls import cassandra_settings
-
-        c = cassandra_settings(urls["FANOUT_VIEWS"])
-        cluster = Cluster(list(c.hosts), port=c.port, protocol_version=5)
-        try:
-            cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {c.keyspace}", timeout=keyspace_timeout)
-        finally:
-            cluster.shutdown()
-    except Exception as exc:
-        failed.append(f"keyspace {name}: {exc}")
-    return failed
-
-
-class _Processes:
+class _Processes(Fleet):
     """`fanout relay` and `fanout worker` as subprocesses of the demo."""
 
-    def __init__(self, env: dict[str, str], logs: Path) -> None:
-        self.env = env
-        self.logs = logs
-        self.procs: dict[str, Any] = {}
-
-    def start(self, kind: str) -> None:
-        import subprocess
-
-        log = open(self.logs / f"{kind}.log", "ab")  # noqa: SIM115 (owned by the process)
-        args = [sys.executable, "-m", f"cli.{kind}"]
-        self.procs[kind] = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-
     def check(self) -> None:
-        for kind, p in self.procs.items():
-            if p.poll() is not None:
-                raise DemoError(f"`fanout {kind}` exited with {p.returncode}: {self.tail(kind)}")
-
-    def tail(self, kind: str, chars: int = 1500) -> str:
-        path = self.logs / f"{kind}.log"
-        return path.read_text(errors="replace")[-chars:] if path.exists() else ""
-
-    def stop(self) -> None:
-        import signal
-        import subprocess
-
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs.values():
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(10)
-
-
-def _child_env(urls: dict[str, str]) -> dict[str, str]:
-    """The environment of the subprocesses: this one's FANOUT_ parameters, the demo's URLs."""
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith("FANOUT_") or k not in (*ENGINE_KEYS, "FANOUT_DATA_DIR")
-    }
-    env.update(urls)
-    root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+        for kind, code in self.exited().items():
+            raise DemoError(f"`fanout {kind}` exited with {code}: {self.tail(kind)}")
 
 
 def run_distributed_demo(
@@ -727,14 +601,19 @@ def run_distributed_demo(
         raise DemoError(f"--members {members} exceeds max_group_members={params.max_group_members}")
     if partitions < 1:
         raise DemoError("--partitions must be at least 1")
-    ns = _Namespace(urls or engine_urls(), partitions)
+    # the demo's own database, topic and keyspace on the shared engines
+    ns = Namespace(urls or engine_urls(), partitions, prefix="fanout_demo")
     logs = Path(tempfile.mkdtemp(prefix="fanout-demo-"))
-    procs = _Processes(_child_env(ns.urls), logs)
+    # the subprocesses get this process's FANOUT_ parameters and the demo's URLs
+    procs = _Processes(process_env(ns.urls), logs)
 
     def note(text: str) -> None:
         print(f"demo: {text}", file=progress, flush=True)
 
-    ns.create()
+    try:
+        ns.create()
+    except NamespaceError as exc:
+        raise DemoError(str(exc)) from None
     rt: DistributedRuntime | None = None
     loop = asyncio.new_event_loop()
     try:
@@ -747,8 +626,8 @@ def run_distributed_demo(
         )
         note("creating the event store tables and the keyspace (an API replica)")
         rt = bootstrap_distributed(settings, clock=clock).start()
-        procs.start("relay")
-        procs.start("worker")
+        procs.start("relay", "cli.relay")
+        procs.start("worker", "cli.worker")
         note(f"waiting for `fanout relay` and `fanout worker` (logs in {logs})")
         deadline = time.monotonic() + START_TIMEOUT
         while rt.links.workers() < 1:

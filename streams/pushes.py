@@ -8,12 +8,9 @@ moment it starts (no consumer group, nothing committed: a replica only pushes to
 sockets it holds now, and a device that was offline reads its mailbox), and hands each
 `Delivered` to a callback (the replica's `PushHub.deliver`).
 
-The same topic carries each worker's heartbeat (`WorkerBeat`, once a second from the worker's
-event loop, with the partitions it holds): a replica counts the workers whose beats reach it
-(`WorkerBeats`) for /readyz and /metrics. An earlier design asked Kafka's group coordinator
-(AdminClient.describe_consumer_groups) every 2 s; an admin request in flight while the broker
-restarted aborted the whole replica inside librdkafka (`rd_kafka_enq_once_del_source_return`
-assertion, rdkafka_admin.c "coordinator request"; docs/adr/0019-worker-heartbeats.md).
+The same topic carries each worker's heartbeat (streams/heartbeats.py `WorkerBeat`): the
+publisher sends them, the subscriber hands them to `on_beat` (a replica's `WorkerBeats`), also
+those of the last BEAT_LOOKBACK records of each partition at start.
 
 And, after each unit of work, the positions it left in the views (`ViewsTracked`, kind
 "tracked"): a replica learns how far the views are from them instead of reading the tracking
@@ -26,19 +23,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from projections.delivery import Delivered
 from projections.hosting import ViewsTracked
+from streams.heartbeats import BEAT_KIND, FORMAT, WorkerBeat, decode_beat, encode_beat
 from streams.kafka import ensure_topic, kafka_error
 
 log = logging.getLogger("fanout.pushes")
@@ -46,8 +40,6 @@ log = logging.getLogger("fanout.pushes")
 # records instead of stderr; streams/kafka_health.py turns them into one state line.
 rdkafka_log = logging.getLogger("fanout.pushes.rdkafka")
 
-FORMAT = 1  # the "v" field of a push record
-BEAT_INTERVAL = 1.0  # seconds between a worker's heartbeats
 BEAT_LOOKBACK = 64  # records per partition a subscriber reads back at start, for the latest beats
 
 
@@ -74,39 +66,6 @@ def encode(d: Delivered) -> bytes:
     return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
 
 
-@dataclass(frozen=True)
-class WorkerBeat:
-    """A projection worker saying it is alive: which partitions of the event topic it holds
-    now, and when it will beat again at the latest. `leaving`: its last beat, on shutdown."""
-
-    worker: str  # host:pid:random, unique per process
-    partitions: tuple[int, ...]
-    at: float  # the worker's wall clock
-    interval: float = BEAT_INTERVAL
-    leaving: bool = False
-    # the worker's running totals since it started (HostStats: units, failures, fenced, heals,
-    # reread), shown by the replicas' /metrics per worker
-    counters: Mapping[str, int] = field(default_factory=dict, compare=False)
-
-
-def worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
-def encode_beat(b: WorkerBeat) -> bytes:
-    body = {
-        "v": FORMAT,
-        "kind": "beat",
-        "worker": b.worker,
-        "partitions": list(b.partitions),
-        "at": b.at,
-        "interval": b.interval,
-        "leaving": b.leaving,
-        "counters": dict(b.counters),
-    }
-    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
-
-
 def encode_tracked(t: ViewsTracked) -> bytes:
     body = {"v": FORMAT, "kind": "tracked", "positions": {str(p): pos for p, pos in t.positions.items()}}
     return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
@@ -121,15 +80,8 @@ def decode(value: bytes) -> Delivered | WorkerBeat | ViewsTracked:
             raise ValueError(f"push record format {body.get('v')!r}, expected {FORMAT}")
         if body.get("kind") == "tracked":
             return ViewsTracked({int(p): int(pos) for p, pos in body["positions"].items()})
-        if body.get("kind") == "beat":
-            return WorkerBeat(
-                worker=str(body["worker"]),
-                partitions=tuple(int(p) for p in body["partitions"]),
-                at=float(body["at"]),
-                interval=float(body["interval"]),
-                leaving=bool(body["leaving"]),
-                counters={str(k): int(v) for k, v in body.get("counters", {}).items()},
-            )
+        if body.get("kind") == BEAT_KIND:
+            return decode_beat(body)
         materialized = body["materialized"]
         return Delivered(
             tenant=str(body["tenant"]),
@@ -142,46 +94,6 @@ def decode(value: bytes) -> Delivered | WorkerBeat | ViewsTracked:
         )
     except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
         raise ValueError(f"not a push record: {exc}") from None
-
-
-class WorkerBeats:
-    """The workers whose heartbeats reached this replica lately. A worker counts as alive
-    until `misses` of its intervals pass without a beat (a kill -9 sends no last beat), or
-    until its leaving beat. Thread-safe: the subscriber's thread writes, any thread reads."""
-
-    def __init__(self, *, misses: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.misses = misses
-        self.clock = clock
-        self._lock = threading.Lock()
-        self._last: dict[str, tuple[float, WorkerBeat]] = {}  # worker -> (received, beat)
-
-    def seen(self, beat: WorkerBeat, age: float = 0.0) -> None:
-        """A beat received now; `age`: seconds it had already waited in the topic (a beat
-        read back at start)."""
-        with self._lock:
-            if beat.leaving:
-                self._last.pop(beat.worker, None)
-            else:
-                self._last[beat.worker] = (self.clock() - max(0.0, age), beat)
-
-    def alive(self) -> list[WorkerBeat]:
-        now = self.clock()
-        with self._lock:
-            for w, (received, b) in list(self._last.items()):
-                if now - received > self.misses * b.interval:
-                    del self._last[w]
-            return [b for _, b in self._last.values()]
-
-    def count(self) -> int:
-        return len(self.alive())
-
-    def partitions(self) -> set[int]:
-        """The event topic's partitions some live worker holds."""
-        return {p for b in self.alive() for p in b.partitions}
-
-    def counters(self) -> dict[str, dict[str, int]]:
-        """worker -> the counters of its last beat, for the live workers."""
-        return {b.worker: dict(b.counters) for b in self.alive()}
 
 
 MAX_PUSH_BYTES = 32 * 1024 * 1024  # a 100k-member push with the member lists, with room to spare

@@ -17,16 +17,20 @@ How:
   with a Watermark(last position) record on EVERY partition; the position the relay has
   reached is therefore committed atomically with the records themselves: there is no
   offset store to disagree with the topic;
+* every record is keyed by the routing rule (streams/routing.py `RoutingKeys`): a
+  conversation's events and its members' reads land in one partition, in log order;
 * on start, `init_transactions()` fences any previous instance and aborts its open
   transaction; then the relayed position is read back from the topic with a
-  read_committed consumer (`relayed_position`) and the subscription starts after it.
+  read_committed consumer (streams/positions.py `relayed_position`) and the subscription
+  starts after it.
 
 A kill at any moment leaves either a committed transaction (its records and its position
 are in the topic: the next instance starts after them) or an aborted one (invisible to
 read_committed consumers, and its position is not in the topic: the next instance sends
 those events again). Nothing is lost, nothing is duplicated.
 
-This module imports domain/ (the routing rule needs Review and Tier) and streams/ only; the
+This module is the relay only: the routing rule is streams/routing.py, the position read
+streams/positions.py, the topic's creation streams/kafka.py. It imports streams/ only; the
 caller builds the application (fanout.application.FanoutApplication) on the PostgreSQL
 recorder and hands it in."""
 
@@ -36,50 +40,33 @@ import logging
 import queue
 import threading
 import time
-import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer
 from eventsourcing.application import Application
 from eventsourcing.persistence import Notification
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresSubscription
-from eventsourcing.utils import resolve_topic
 from psycopg.sql import SQL, Identifier
 
-from domain.reads import MemberReadState
-from domain.review import Review
-from domain.tier import Tier
 from streams.kafka import TopicUnavailable, ensure_topic, kafka_error
-from streams.records import MAX_RECORD_BYTES, EventRecord, Watermark, position_of
-from streams.routing import PARTITIONER, conversation_key
+from streams.positions import PositionUnreadable, relayed_position
+from streams.records import MAX_RECORD_BYTES, EventRecord, Watermark
+from streams.routing import PARTITIONER, RoutingKeys
 
 log = logging.getLogger("fanout.relay")
 # librdkafka's own log lines (a broker down: one line per reconnect attempt) go here, not to stderr.
 rdkafka_log = logging.getLogger("fanout.relay.rdkafka")
 
-# How many records back from the end of each partition the position search starts; it
-# widens (x8) while a partition shows no committed fanout record in the window (aborted
-# transactions of killed instances leave up to `batch` + 1 records each behind).
-POSITION_WINDOW = 2048
 _FENCED_CODES = frozenset(
     {
         KafkaError._FENCED,
         KafkaError.PRODUCER_FENCED,
         KafkaError.INVALID_PRODUCER_EPOCH,
         KafkaError.TRANSACTION_COORDINATOR_FENCED,
-    }
-)
-_NOT_READY = frozenset(
-    {
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
-        KafkaError._TIMED_OUT,
     }
 )
 _END = object()
@@ -97,86 +84,6 @@ class RelayFenced(RelayError):
 
 def transactional_id_for(topic: str) -> str:
     return f"fanout-relay.{topic}"
-
-
-# -- routing keys -------------------------------------------------------------------------
-
-
-class RoutingKeys:
-    """The key of each event's record: it decides the partition (streams/routing.py: CRC-32
-    of the key modulo partitions), and Kafka keeps the order of one key's records.
-
-    * Conversation events: str(originator_id), the conversation's aggregate id;
-    * MemberReadState events (a member's reads, ADR-0018): the key of THEIR CONVERSATION,
-      str(Conversation.create_id(tenant, conversation_id)), so they reach the partition of
-      the conversation's events in log order (the projection's head-position skip, ADR-0012,
-      needs that). Every such event carries tenant and conversation_id; the key is decoded
-      once per member stream and then cached by originator id;
-    * Tier events: str(originator_id), i.e. str(Tier.create_id(tenant, size_bucket));
-    * Review events: the key of THEIR TIER, str(Tier.create_id(tenant, size_bucket)), so a
-      review's decision and the tier change it causes are in one partition, in log order.
-      Review.Opened carries tenant and size_bucket; Review.Decided does not, so its tier
-      comes from a cache filled from the Opened events relayed by this process, or, after
-      a restart (the cache is empty then), from the review's first version in the store
-      (`app.repository.get(review_id, version=1)`);
-    * any other aggregate (TenantQuota, ...): str(originator_id).
-
-    The event class is resolved from the stored topic with eventsourcing's resolve_topic,
-    the first step of `app.mapper.to_domain_event` (so the legacy "domain.tier:Review.*"
-    topics resolve to Review's classes too); only Review.Opened is decoded in full
-    (with `app.mapper.to_domain_event`), to read its tenant and size bucket."""
-
-    def __init__(self, app: Application[Any], cache_size: int = 100_000) -> None:
-        self.app = app
-        self.cache_size = cache_size
-        self._review_tier: OrderedDict[UUID, str] = OrderedDict()
-        self._read_conversation: OrderedDict[UUID, str] = OrderedDict()
-        self.lookups = 0  # reviews whose tier came from the store
-
-    def key(self, note: Notification) -> str:
-        originator = _uuid(note.originator_id)
-        try:
-            cls: Any = resolve_topic(note.topic)
-        except Exception:  # a topic this code does not know: keep the aggregate's order at least
-            return str(originator)
-        if isinstance(cls, type) and issubclass(cls, MemberReadState.Event):
-            return self._conversation_of_reads(originator, note)
-        if isinstance(cls, type) and issubclass(cls, Review.Opened):
-            opened: Any = self.app.mapper.to_domain_event(note)
-            return self._remember(originator, opened.tenant, opened.size_bucket)
-        if isinstance(cls, type) and issubclass(cls, Review.Event):
-            found = self._review_tier.get(originator)
-            if found is not None:
-                self._review_tier.move_to_end(originator)
-                return found
-            self.lookups += 1
-            review: Any = self.app.repository.get(originator, version=1)
-            return self._remember(originator, review.tenant, review.size_bucket)
-        return str(originator)
-
-    def _conversation_of_reads(self, originator: UUID, note: Notification) -> str:
-        found = self._read_conversation.get(originator)
-        if found is not None:
-            self._read_conversation.move_to_end(originator)
-            return found
-        read: Any = self.app.mapper.to_domain_event(note)
-        key = conversation_key(read.tenant, read.conversation_id)
-        self._read_conversation[originator] = key
-        while len(self._read_conversation) > self.cache_size:
-            self._read_conversation.popitem(last=False)
-        return key
-
-    def _remember(self, review_id: UUID, tenant: str, size_bucket: str) -> str:
-        key = str(Tier.create_id(tenant, size_bucket))
-        self._review_tier[review_id] = key
-        self._review_tier.move_to_end(review_id)
-        while len(self._review_tier) > self.cache_size:
-            self._review_tier.popitem(last=False)
-        return key
-
-
-def _uuid(value: UUID | str) -> UUID:
-    return value if isinstance(value, UUID) else UUID(str(value))
 
 
 # -- the subscription -----------------------------------------------------------------------
@@ -221,131 +128,8 @@ def _is_fenced(err: KafkaError | None) -> bool:
     return err is not None and (err.code() in _FENCED_CODES or "fenced" in str(err).lower())
 
 
-def position_consumer(bootstrap: str) -> Consumer:
-    """A consumer for `relayed_position(..., consumer=)` (never joins a group)."""
-    return _position_consumer(bootstrap)
-
-
-def _position_consumer(bootstrap: str) -> Consumer:
-    return Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"fanout-relay-position-{uuid.uuid4().hex[:12]}",  # never joined nor committed
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-            "allow.auto.create.topics": False,
-            "fetch.max.bytes": MAX_RECORD_BYTES * 2,
-            "max.partition.fetch.bytes": MAX_RECORD_BYTES,
-            # It reads to the end and stops: a fetch parked at the end for the default 500 ms
-            # would hold the next call's metadata request (same connection) that long.
-            "fetch.wait.max.ms": 10,
-            "socket.connection.setup.timeout.ms": 10_000,
-            "logger": rdkafka_log,
-        }
-    )
-
-
-def relayed_position(
-    bootstrap: str,
-    topic: str,
-    *,
-    timeout: float = 30.0,
-    window: int = POSITION_WINDOW,
-    consumer: Consumer | None = None,
-) -> int:
-    """The log position the relay has published to `topic`, as a read_committed consumer
-    sees it: the largest position header (event or watermark) among the last committed
-    records of the partitions; 0 when the topic is missing or empty.
-
-    Each partition is read from `window` records before its end (the end is the last
-    stable offset for read_committed) to the end; a partition whose window holds no
-    committed fanout record (only aborted records and transaction markers) is read again
-    from further back. Cheap (a few small fetches), so /metrics, /readyz and the relay's
-    lag can call it. A caller that asks often passes its own long-lived `consumer`
-    (`position_consumer`, used by one thread at a time): creating and destroying a client
-    per call while the broker restarts aborted the process inside librdkafka
-    (rd_kafka_enq_once_del_source_return assertion)."""
-    owned = consumer is None
-    consumer = _position_consumer(bootstrap) if consumer is None else consumer
-    try:
-        try:
-            md = consumer.list_topics(topic, timeout=min(timeout, 10.0))
-        except KafkaException as exc:
-            raise RelayError(f"Kafka at {bootstrap} did not answer: {exc}") from None
-        t = md.topics.get(topic)
-        if t is None or t.error is not None or not t.partitions:
-            return 0
-        try:
-            found = _last_positions(consumer, topic, sorted(t.partitions), timeout, window)
-        except KafkaException as exc:
-            raise RelayError(f"reading the end of {topic} at {bootstrap}: {exc}") from None
-        return max(found.values(), default=0)
-    finally:
-        if owned:
-            consumer.close()
-
-
-def _last_positions(
-    consumer: Consumer, topic: str, partitions: Sequence[int], timeout: float, window: int
-) -> dict[int, int]:
-    deadline = time.monotonic() + timeout
-    bounds: dict[int, tuple[int, int]] = {}
-    for p in partitions:
-        while True:  # a new topic's partitions may have no leader yet (NOT_LEADER_FOR_PARTITION)
-            try:
-                lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=max(1.0, timeout / 4))
-                break
-            except KafkaException as exc:
-                err = kafka_error(exc)
-                if err is None or not (err.retriable() or err.code() in _NOT_READY) or time.monotonic() > deadline:
-                    raise RelayError(f"cannot read the offsets of {topic}[{p}]: {exc}") from None
-                time.sleep(0.2)
-        if hi > lo:
-            bounds[p] = (lo, hi)
-    result: dict[int, int] = {}
-    pending = dict(bounds)
-    while pending:
-        starts = {p: max(lo, hi - window) for p, (lo, hi) in pending.items()}
-        consumer.assign([TopicPartition(topic, p, off) for p, off in starts.items()])
-        found: dict[int, int] = {}
-        done: set[int] = set()
-        while done != set(pending):
-            if time.monotonic() > deadline:
-                raise RelayError(f"reading the end of {topic} took longer than {timeout:.0f}s")
-            for m in consumer.consume(1000, 0.05):  # returns at the timeout when fewer arrive
-                part = m.partition()
-                err = m.error()
-                if part is None or part not in pending:
-                    continue
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        done.add(part)
-                        continue
-                    raise RelayError(f"reading {topic}[{part}]: {err}")
-                h = m.headers()
-                pos = position_of(list(h.items()) if isinstance(h, dict) else h)
-                if pos is not None:
-                    found[part] = max(found.get(part, 0), pos)
-                off = m.offset()
-                if off is not None and off >= pending[part][1] - 1:
-                    done.add(part)
-            # The end may be control records only (no EOF event before them): compare positions.
-            for tp in consumer.position([TopicPartition(topic, p) for p in pending if p not in done]):
-                if tp.offset >= pending[tp.partition][1]:
-                    done.add(tp.partition)
-        for p in list(pending):
-            if p in found or starts[p] <= pending[p][0]:
-                result[p] = found.get(p, 0)
-                del pending[p]
-        if pending:
-            log.debug(
-                "no committed record in the last %d of %s %s: reading further back", window, topic, sorted(pending)
-            )
-        window *= 8
-    consumer.unassign()
-    return result
+def _uuid(value: UUID | str) -> UUID:
+    return value if isinstance(value, UUID) else UUID(str(value))
 
 
 # -- the relay ----------------------------------------------------------------------------------
@@ -462,7 +246,10 @@ class Relay:
                 f"init_transactions({self.transactional_id!r}) failed at {self.bootstrap}: {exc}"
             ) from None
         self._producer = producer
-        self.stats.position = relayed_position(self.bootstrap, self.topic)
+        try:
+            self.stats.position = relayed_position(self.bootstrap, self.topic)
+        except PositionUnreadable as exc:
+            raise RelayError(str(exc)) from None
         self.stats.started_at = time.time()
         self._started = True
         log.info(

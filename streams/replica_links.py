@@ -13,10 +13,11 @@ from confluent_kafka import KafkaException
 
 from projections.delivery import Delivered
 from projections.hosting import ViewsTracked
+from streams.heartbeats import WorkerBeats
 from streams.kafka import TopicUnavailable
 from streams.kafka_health import process_health
-from streams.pushes import PushSubscriber, WorkerBeats, pushes_topic
-from streams.relay import position_consumer, relayed_position
+from streams.positions import position_consumer, relayed_position
+from streams.pushes import PushSubscriber, pushes_topic
 
 
 class KafkaSettings(Protocol):

@@ -50,10 +50,10 @@ from projections.capacity_monitor import CapacityMonitor
 from projections.failures import Throttled, storage_failure
 from projections.hosting import Effect
 from projections.ports import ViewStore
+from streams.heartbeats import BEAT_INTERVAL, WorkerBeat, worker_id
 from streams.host import Fenced, ProjectionHost, Record
 from streams.kafka import ensure_topic, partition_count
 from streams.log_reader import KafkaPartitionReader, LogGapUnreadable
-from streams.pushes import BEAT_INTERVAL, WorkerBeat, worker_id
 from streams.records import MAX_RECORD_BYTES, BadRecord, EventRecord, decode
 
 log = logging.getLogger("fanout.worker")

@@ -21,8 +21,7 @@ from projections.capacity import merged, state_name
 from streams.embedded import EmbeddedRunner
 from streams.host import ProjectionHost, Record
 from streams.records import EventRecord, Watermark
-from streams.relay import RoutingKeys
-from streams.routing import partition_of
+from streams.routing import RoutingKeys, partition_of
 
 PARAMS = Parameters(mailbox_shards=4)
 TENANTS = ("acme", "beta")
@@ -150,7 +149,7 @@ _KEYS: RoutingKeys | None = None
 
 
 def routing_key(note: Any) -> str:
-    """The relay's key of a notification (streams.relay.RoutingKeys: a member's reads go with
+    """The relay's key of a notification (streams.routing.RoutingKeys: a member's reads go with
     their conversation), decoded with a store-less application of the same event classes."""
     global _KEYS
     if _KEYS is None:

@@ -1,15 +1,14 @@
 """A distributed deployment for a test: its own PostgreSQL database, Kafka topic and
-Cassandra keyspace on the shared engines, `fanout relay` and `fanout worker` as real
-subprocesses (killable with SIGKILL), and API replicas built in-process by the composition
-root (`fanout.bootstrap.bootstrap_distributed`) from the same URLs."""
+Cassandra keyspace on the shared engines (tools/deploy.py `Namespace`), `fanout relay` and
+`fanout worker` as real subprocesses (killable with SIGKILL; tools/deploy.py `Fleet`), and API
+replicas built in-process by the composition root (`fanout.bootstrap.bootstrap_distributed`)
+from the same URLs."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,6 +20,7 @@ from fanout.bootstrap import bootstrap_distributed, open_cassandra_views
 from fanout.config import load_settings
 from fanout.distributed import DistributedRuntime
 from fanout.urls import cassandra_settings
+from tools.deploy import Fleet, Namespace, process_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,46 +30,41 @@ class Cluster:
     urls: dict[str, str]  # FANOUT_EVENT_STORE, FANOUT_LOG, FANOUT_VIEWS
     logs: Path
     settings_env: dict[str, str] = field(default_factory=dict)  # FANOUT_<PARAM> for every process
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     runtimes: list[DistributedRuntime] = field(default_factory=list)
+    fleet: Fleet = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.fleet = Fleet(self.env(), self.logs, cwd=ROOT)
+
+    @property
+    def procs(self) -> dict[str, subprocess.Popen[bytes]]:
+        return self.fleet.procs
 
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("FANOUT_") or k.startswith("FANOUT_ENGINES")}
-        env.update(self.urls)
-        env.update(self.settings_env)
-        env["PYTHONPATH"] = str(ROOT)
-        env["PYTHONUNBUFFERED"] = "1"
-        return env
+        """The subprocesses' environment: the URLs and `settings_env`, no other FANOUT_ parameter."""
+        return process_env(self.urls, self.settings_env)
 
     def start(self, name: str, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
         """`relay`, or `worker` / `worker-2` ...: a subprocess of `python -m cli.<kind>`
         (`env`: more variables for this process alone, e.g. FANOUT_FAILPOINTS)."""
         kind = name.split("-")[0]
-        args = [sys.executable, "-m", f"cli.{kind}"]
-        if kind == "worker":
-            args += ["--session-timeout", "6"]
-        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (owned by the process)
-        proc = subprocess.Popen(args, cwd=ROOT, env={**self.env(), **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
-        self.procs[name] = proc
-        return proc
+        args = ["--session-timeout", "6"] if kind == "worker" else []
+        self.fleet.env = self.env()  # as it is now (a test may change settings_env between starts)
+        return self.fleet.start(name, f"cli.{kind}", *args, env=env)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        proc = self.procs.pop(name)
-        if proc.poll() is None:
-            proc.send_signal(sig)
-        proc.wait(30)
+        self.fleet.kill(name, sig)
 
     def pause(self, name: str) -> None:
         """SIGSTOP a process: alive (its connections and group membership kept for a while)
         but doing nothing, so "it is behind" is a fact of the test, not a race."""
-        self.procs[name].send_signal(signal.SIGSTOP)
+        self.fleet.pause(name)
 
     def resume(self, name: str) -> None:
-        self.procs[name].send_signal(signal.SIGCONT)
+        self.fleet.resume(name)
 
     def log_of(self, name: str) -> str:
-        path = self.logs / f"{name}.log"
-        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+        return self.fleet.tail(name, 4000)
 
     def replica(self, **settings: str) -> DistributedRuntime:
         env: Mapping[str, str] = {**self.urls, **self.settings_env, **settings}
@@ -102,8 +97,7 @@ class Cluster:
         namespace is thrown away anyway)."""
         for rt in self.runtimes:
             rt.close()
-        for name in list(self.procs):
-            self.kill(name, sig)
+        self.fleet.stop(sig)
 
 
 def cluster_for(urls: dict[str, str], logs: Path, **settings: Any) -> Cluster:
@@ -115,41 +109,25 @@ def create_namespace(engines: Mapping[str, str], partitions: int = 4, *, schema:
     """FANOUT_EVENT_STORE, FANOUT_LOG, FANOUT_VIEWS naming a new PostgreSQL database, Kafka
     topic and Cassandra keyspace on the shared engines (the topic is created by the relay);
     `schema`: the keyspace and its tables created now (what the first replica would do)."""
-    import psycopg
+    from tests.engines import unique
 
-    from tests.engines import unique, with_path, with_query
-
-    name = unique("t")
-    admin = with_path(engines["FANOUT_EVENT_STORE"], "postgres")
-    with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    urls = {
-        "FANOUT_EVENT_STORE": with_path(engines["FANOUT_EVENT_STORE"], name),
-        "FANOUT_LOG": with_query(engines["FANOUT_LOG"], topic=name, partitions=partitions),
-        "FANOUT_VIEWS": with_path(engines["FANOUT_VIEWS"], name),
-    }
+    ns = Namespace(engines, partitions, name=unique("t"))
+    ns.create()
     if schema:
         try:
-            open_cassandra_views(cassandra_settings(urls["FANOUT_VIEWS"]), partitions=partitions).close()
+            open_cassandra_views(cassandra_settings(ns.urls["FANOUT_VIEWS"]), partitions=partitions).close()
         except BaseException:
-            drop_namespace(urls)
+            drop_namespace(ns.urls)
             raise
-    return urls
+    return ns.urls
 
 
 def drop_namespace(urls: Mapping[str, str]) -> None:
-    """Drop what `create_namespace` created (the topic stays: Kafka deletes nothing here)."""
-    import psycopg
-
-    from tests.engines import drop_keyspace, with_path
-
-    try:
-        drop_keyspace(urls["FANOUT_VIEWS"])
-    finally:
-        database = urls["FANOUT_EVENT_STORE"].rsplit("/", 1)[1].split("?")[0]
-        admin = with_path(urls["FANOUT_EVENT_STORE"], "postgres")
-        with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    """Drop what `create_namespace` created (the topics stay: Kafka deletes nothing here);
+    RuntimeError naming what could not be dropped."""
+    failed = Namespace.of(urls, keyspace_timeout=60).drop(topics=False)
+    if failed:
+        raise RuntimeError(f"could not drop {'; '.join(failed)}")
 
 
 @contextlib.contextmanager

@@ -41,7 +41,7 @@ from fanout.queries import Queries
 from fanout.urls import kafka_settings
 from projections.capacity import merged, state_name
 from projections.hosting import build_projections
-from streams.relay import relayed_position
+from streams.positions import relayed_position
 from tests.distributed.cluster import ROOT, Cluster, cluster_for
 from tools.rebuild import verify_distributed
 

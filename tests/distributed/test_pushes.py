@@ -17,17 +17,15 @@ from fanout.urls import kafka_settings
 from projections.delivery import Delivered
 from projections.hosting import ViewsTracked
 from projections.sharding import shard_of
+from streams.heartbeats import WorkerBeat, WorkerBeats, encode_beat
 from streams.host import ProjectionHost
 from streams.kafka import partition_count
 from streams.pushes import (
     BEAT_LOOKBACK,
     PushPublisher,
     PushSubscriber,
-    WorkerBeat,
-    WorkerBeats,
     decode,
     encode,
-    encode_beat,
     encode_tracked,
     ensure_pushes_topic,
     pushes_topic,

@@ -40,8 +40,9 @@ from domain.tier import Tier
 from fanout.application import FanoutApplication
 from fanout.clock import FakeClock
 from fanout.urls import KafkaSettings, kafka_settings, postgres_env
+from streams.positions import PositionUnreadable, position_consumer, relayed_position
 from streams.records import EventRecord, Watermark, decode
-from streams.relay import Relay, relayed_position
+from streams.relay import Relay
 from streams.routing import conversation_partition, partition_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -587,14 +588,14 @@ class PositionSampler:
         self._thread.start()
 
     def _run(self) -> None:
-        consumer = relay_module.position_consumer(self.k.bootstrap)
+        consumer = position_consumer(self.k.bootstrap)
         try:
             while not self._stop.is_set():
                 try:
                     # a small first window (widened x8 when it holds no committed record): quick samples
                     position = relayed_position(self.k.bootstrap, self.k.topic, consumer=consumer, window=64)
                     self.samples.append(position)
-                except relay_module.RelayError as exc:  # counted, not fatal: the checks below say
+                except PositionUnreadable as exc:  # counted, not fatal: the checks below say
                     self.errors.append(exc)
                 self._stop.wait(self.every)
         finally:

@@ -13,7 +13,7 @@ from domain.params import Parameters
 from domain.reads import MemberReadState
 from projections.delivery import DeliveryProjection
 from projections.state import session_item
-from streams.relay import RoutingKeys
+from streams.routing import RoutingKeys
 from tests.unit.projection_log import ProjectionLog
 
 T = "acme"
