@@ -58,8 +58,8 @@ def bench(messages: int = 4000) -> None:
         views.close()
     topic_url = with_query(urls["FANOUT_LOG"], topic=unique("bench"), partitions=PARTITIONS)
     kafka = kafka_settings(topic_url)
-    ensure_topic(kafka.bootstrap, kafka.topic, PARTITIONS)
-    FakeRelay(kafka.bootstrap, kafka.topic).send_notes(notes, chunk=500)
+    ensure_topic(kafka.brokers, kafka.topic, PARTITIONS)
+    FakeRelay(kafka.brokers, kafka.topic).send_notes(notes, chunk=500)
     tmp = Path(tempfile.mkdtemp())
     worker = WorkerProcess(worker_env(urls["FANOUT_EVENT_STORE"], topic_url, "sqlite", tmp / "v"), tmp / "w.log")
     try:

@@ -94,12 +94,12 @@ def write_log(env: dict[str, str], events: int) -> int:
 
 
 def measure(
-    env: dict[str, str], bootstrap: str, topic: str, partitions: int, upto: int, batch: int
+    env: dict[str, str], brokers: str, topic: str, partitions: int, upto: int, batch: int
 ) -> dict[str, float]:
     app = FanoutApplication(Parameters(), env)
     relay = Relay(
         app,
-        bootstrap=bootstrap,
+        brokers=brokers,
         topic=topic,
         partitions=partitions,
         batch=batch,
@@ -150,7 +150,7 @@ def main() -> None:
         raise SystemExit("bench: give --store and --log (or FANOUT_EVENT_STORE / FANOUT_LOG, or run make engines-up)")
     db = f"bench_relay_{uuid.uuid4().hex[:8]}"
     admin_url = with_db(args.store, "postgres")
-    bootstrap = kafka_settings(args.log).bootstrap
+    brokers = kafka_settings(args.log).brokers
     topics = [f"bench-relay-{uuid.uuid4().hex[:8]}", f"bench-relay-naive-{uuid.uuid4().hex[:8]}"]
     with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as conn:
         conn.execute(f'CREATE DATABASE "{db}"')
@@ -159,10 +159,10 @@ def main() -> None:
         t0 = time.perf_counter()
         top = write_log(env, args.events)
         print(f"log: {top} events written in {time.perf_counter() - t0:.1f}s (database {db})")
-        batched = measure(env, bootstrap, topics[0], args.partitions, top, args.batch)
+        batched = measure(env, brokers, topics[0], args.partitions, top, args.batch)
         naive_upto = min(top, args.naive_events)
-        naive = measure(env, bootstrap, topics[1], args.partitions, naive_upto, 1)
-        print(f"kafka {bootstrap}, {args.partitions} partitions, acks=all, idempotent transactional producer")
+        naive = measure(env, brokers, topics[1], args.partitions, naive_upto, 1)
+        print(f"kafka {brokers}, {args.partitions} partitions, acks=all, idempotent transactional producer")
         for name, r in ((f"batched (<= {args.batch}/txn)", batched), ("naive (1 event/txn)", naive)):
             print(
                 f"{name:<22} {int(r['events']):>7} events in {r['seconds']:7.2f}s = {r['events_per_s']:9.0f} events/s "
@@ -172,7 +172,7 @@ def main() -> None:
     finally:
         with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
-        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin = AdminClient({"bootstrap.servers": brokers})
         for f in admin.delete_topics(topics, operation_timeout=10).values():
             with contextlib.suppress(Exception):
                 f.result(15)

@@ -3,7 +3,7 @@
 * `FANOUT_EVENT_STORE=postgresql://user[:password]@host:port/dbname[?schema=...&pool_size=...]`
   -> eventsourcing's environment for its PostgreSQL recorder;
 * `FANOUT_LOG=kafka://host:port[,host:port...][?topic=fanout.events&partitions=6&replication=1
-  &min_insync=N]` -> the bootstrap servers and the event topic's name, partition count,
+  &min_insync=N]` -> the brokers (Kafka's bootstrap servers) and the event topic's name, partition count,
   replication and `min.insync.replicas` of the topics the processes create (absent: the
   broker's default; a cluster: replication=3&min_insync=2). Producers always use acks=all;
 * `FANOUT_VIEWS=cassandra://host[:port][,host...]/keyspace[?replication=1&consistency=LOCAL_ONE
@@ -85,7 +85,7 @@ def postgres_env(url: str, name: str = "FANOUT_EVENT_STORE") -> dict[str, str]:
 
 @dataclass(frozen=True)
 class KafkaSettings:
-    bootstrap: str  # host:port,host:port
+    brokers: str  # host:port,host:port
     topic: str = "fanout.events"
     partitions: int = 6
     replication: int = 1
@@ -101,7 +101,7 @@ def kafka_settings(url: str, name: str = "FANOUT_LOG") -> KafkaSettings:
     if not topic or len(topic) > 200 or not all(c.isalnum() or c in "._-" for c in topic):
         raise UrlError(f"{name}: topic={topic!r} is not a Kafka topic name")
     return KafkaSettings(
-        bootstrap=",".join(f"{h}:{p}" for h, p in _hosts(u.netloc, 9092, name)),
+        brokers=",".join(f"{h}:{p}" for h, p in _hosts(u.netloc, 9092, name)),
         topic=topic,
         partitions=_int(q.get("partitions", "6"), "partitions", name),
         replication=_int(q.get("replication", "1"), "replication", name),

@@ -45,7 +45,7 @@ def kafka_error(exc: BaseException) -> KafkaError | None:
 
 
 def ensure_topic(
-    bootstrap: str,
+    brokers: str,
     topic: str,
     partitions: int,
     replication: int = 1,
@@ -61,7 +61,7 @@ def ensure_topic(
     default). `logger` takes librdkafka's own lines (the caller's, so that it mutes them).
     TopicUnavailable when Kafka does not answer or refuses."""
     conf: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
+        "bootstrap.servers": brokers,
         "socket.connection.setup.timeout.ms": int(timeout * 1000),
         "logger": logger,
     }
@@ -78,17 +78,17 @@ def ensure_topic(
     except KafkaException as exc:
         err = kafka_error(exc)
         if err is not None and err.code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT):
-            raise TopicUnavailable(f"Kafka at {bootstrap} did not answer within {timeout:.0f}s ({err.str()})") from None
+            raise TopicUnavailable(f"Kafka at {brokers} did not answer within {timeout:.0f}s ({err.str()})") from None
         if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise TopicUnavailable(f"cannot create the Kafka topic {topic!r} at {bootstrap}: {err or exc}") from None
+            raise TopicUnavailable(f"cannot create the Kafka topic {topic!r} at {brokers}: {err or exc}") from None
     except Exception as exc:  # concurrent.futures.TimeoutError and the like
-        raise TopicUnavailable(f"Kafka at {bootstrap} did not answer within {timeout:.0f}s: {exc!r}") from None
+        raise TopicUnavailable(f"Kafka at {brokers} did not answer within {timeout:.0f}s: {exc!r}") from None
     deadline = time.monotonic() + timeout
     while True:  # metadata may lag the creation by a moment
         try:
             md = admin.list_topics(topic, timeout=5)
         except KafkaException as exc:
-            raise TopicUnavailable(f"Kafka at {bootstrap} did not answer: {exc}") from None
+            raise TopicUnavailable(f"Kafka at {brokers} did not answer: {exc}") from None
         t = md.topics.get(topic)
         if (
             t is not None
@@ -101,13 +101,13 @@ def ensure_topic(
                 log.warning("topic %s has %d partitions (asked for %d): using %d", topic, found, partitions, found)
             return found
         if time.monotonic() > deadline:
-            raise TopicUnavailable(f"topic {topic!r} does not show with a leader for every partition at {bootstrap}")
+            raise TopicUnavailable(f"topic {topic!r} does not show with a leader for every partition at {brokers}")
         time.sleep(0.05)
 
 
-def partition_count(bootstrap: str, topic: str, timeout: float = 30.0) -> int:
+def partition_count(brokers: str, topic: str, timeout: float = 30.0) -> int:
     """The partition count of an existing topic; LookupError when there is no such topic."""
-    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": rdkafka_log}
+    conf: dict[str, Any] = {"bootstrap.servers": brokers, "logger": rdkafka_log}
     admin = AdminClient(conf)
     meta = admin.list_topics(topic, timeout=timeout).topics.get(topic)
     if meta is None or meta.error is not None or not meta.partitions:
@@ -115,11 +115,11 @@ def partition_count(bootstrap: str, topic: str, timeout: float = 30.0) -> int:
     return len(meta.partitions)
 
 
-def consumer_group_members(bootstrap: str, group: str, timeout: float = 5.0, *, admin: Any = None) -> int:
+def consumer_group_members(brokers: str, group: str, timeout: float = 5.0, *, admin: Any = None) -> int:
     """Members of a Kafka consumer group (0 when it is empty or unknown). A caller that
     asks often passes its own long-lived AdminClient."""
     if admin is None:
-        admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout * 1000)})
+        admin = AdminClient({"bootstrap.servers": brokers, "socket.timeout.ms": int(timeout * 1000)})
     deadline = time.monotonic() + timeout
     while True:
         futures = admin.describe_consumer_groups([group], request_timeout=timeout)

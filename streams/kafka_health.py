@@ -183,7 +183,7 @@ _process_lock = threading.Lock()
 
 
 def process_health(where: str, loggers: Iterable[str] = CLIENT_LOGGERS) -> KafkaHealth:
-    """This process's KafkaHealth (created by the first caller, naming its bootstrap
+    """This process's KafkaHealth (created by the first caller, naming its brokers
     servers), with the clients' loggers routed through its gate."""
     global _process
     with _process_lock:

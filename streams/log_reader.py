@@ -27,8 +27,8 @@ class KafkaPartitionReader:
     """Reads [start, end) of one partition of `topic`; one consumer, kept between reads
     (assigned per read, no consumer group: nothing is committed)."""
 
-    def __init__(self, bootstrap: str, topic: str, *, timeout: float = 60.0) -> None:
-        self.bootstrap = bootstrap
+    def __init__(self, brokers: str, topic: str, *, timeout: float = 60.0) -> None:
+        self.brokers = brokers
         self.topic = topic
         self.timeout = timeout
         self._consumer: Consumer | None = None
@@ -37,7 +37,7 @@ class KafkaPartitionReader:
         if self._consumer is None:
             self._consumer = Consumer(
                 {
-                    "bootstrap.servers": self.bootstrap,
+                    "bootstrap.servers": self.brokers,
                     "group.id": f"fanout-log-reader-{uuid.uuid4().hex}",  # never joins: assign() only
                     "enable.auto.commit": False,
                     "isolation.level": "read_committed",

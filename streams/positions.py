@@ -42,15 +42,15 @@ class PositionUnreadable(RuntimeError):
     """Kafka did not answer, or the end of the topic could not be read in time."""
 
 
-def position_consumer(bootstrap: str) -> Consumer:
+def position_consumer(brokers: str) -> Consumer:
     """A consumer for `relayed_position(..., consumer=)` (never joins a group)."""
-    return _position_consumer(bootstrap)
+    return _position_consumer(brokers)
 
 
-def _position_consumer(bootstrap: str) -> Consumer:
+def _position_consumer(brokers: str) -> Consumer:
     return Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            "bootstrap.servers": brokers,
             "group.id": f"fanout-relay-position-{uuid.uuid4().hex[:12]}",  # never joined nor committed
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
@@ -69,7 +69,7 @@ def _position_consumer(bootstrap: str) -> Consumer:
 
 
 def relayed_position(
-    bootstrap: str,
+    brokers: str,
     topic: str,
     *,
     timeout: float = 30.0,
@@ -89,19 +89,19 @@ def relayed_position(
     per call while the broker restarts aborted the process inside librdkafka
     (rd_kafka_enq_once_del_source_return assertion)."""
     owned = consumer is None
-    consumer = _position_consumer(bootstrap) if consumer is None else consumer
+    consumer = _position_consumer(brokers) if consumer is None else consumer
     try:
         try:
             md = consumer.list_topics(topic, timeout=min(timeout, 10.0))
         except KafkaException as exc:
-            raise PositionUnreadable(f"Kafka at {bootstrap} did not answer: {exc}") from None
+            raise PositionUnreadable(f"Kafka at {brokers} did not answer: {exc}") from None
         t = md.topics.get(topic)
         if t is None or t.error is not None or not t.partitions:
             return 0
         try:
             found = _last_positions(consumer, topic, sorted(t.partitions), timeout, window)
         except KafkaException as exc:
-            raise PositionUnreadable(f"reading the end of {topic} at {bootstrap}: {exc}") from None
+            raise PositionUnreadable(f"reading the end of {topic} at {brokers}: {exc}") from None
         return max(found.values(), default=0)
     finally:
         if owned:

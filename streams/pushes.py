@@ -124,11 +124,11 @@ def watermarks(consumer: Consumer, tp: TopicPartition, deadline: float) -> tuple
             time.sleep(0.1)
 
 
-def ensure_pushes_topic(bootstrap: str, topic: str, partitions: int, replication: int, min_insync: int) -> int:
+def ensure_pushes_topic(brokers: str, topic: str, partitions: int, replication: int, min_insync: int) -> int:
     """The pushes topic, created by whichever of a worker and a replica comes first, with the
     event topic's partition count from FANOUT_LOG (streams/kafka.py)."""
     return ensure_topic(
-        bootstrap,
+        brokers,
         topic,
         partitions,
         replication,
@@ -150,7 +150,7 @@ class PushPublisher:
 
     def __init__(
         self,
-        bootstrap: str,
+        brokers: str,
         topic: str,
         *,
         partitions: int = 1,
@@ -159,14 +159,14 @@ class PushPublisher:
         linger_ms: int = 2,
         on_delivered: Callable[[float], Any] | None = None,
     ) -> None:
-        ensure_pushes_topic(bootstrap, topic, partitions, replication, min_insync)
+        ensure_pushes_topic(brokers, topic, partitions, replication, min_insync)
         self.topic = topic
         self.on_delivered = on_delivered
         self.failed = 0
         self.published = 0
         self._producer = Producer(
             {
-                "bootstrap.servers": bootstrap,
+                "bootstrap.servers": brokers,
                 "linger.ms": linger_ms,
                 "enable.idempotence": True,
                 "acks": "all",
@@ -243,7 +243,7 @@ class PushSubscriber:
 
     def __init__(
         self,
-        bootstrap: str,
+        brokers: str,
         topic: str,
         callback: Callable[[Delivered], Any],
         *,
@@ -254,7 +254,7 @@ class PushSubscriber:
         min_insync: int = 0,
         partitions: int = 1,
     ) -> None:
-        self.bootstrap = bootstrap
+        self.brokers = brokers
         self.topic = topic
         self.replication = replication  # of the topic when this subscriber creates it (FANOUT_LOG)
         self.partitions = partitions  # likewise: the event topic's count, as the workers' publisher
@@ -271,10 +271,10 @@ class PushSubscriber:
         self._consumer: Consumer | None = None
 
     def start(self, timeout: float = 30.0) -> PushSubscriber:
-        ensure_pushes_topic(self.bootstrap, self.topic, self.partitions, self.replication, self.min_insync)
+        ensure_pushes_topic(self.brokers, self.topic, self.partitions, self.replication, self.min_insync)
         consumer = Consumer(
             {
-                "bootstrap.servers": self.bootstrap,
+                "bootstrap.servers": self.brokers,
                 "group.id": "fanout-push-subscriber",  # required by librdkafka; never joined (assign) nor committed
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,

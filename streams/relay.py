@@ -149,14 +149,14 @@ class RelayStats:
 
 class Relay:
     """Follows `app`'s notification log (a PostgreSQL application recorder) and publishes
-    it to `topic` at `bootstrap`. `start()` prepares (topic, producer, position); `run()`
+    it to `topic` at `brokers`. `start()` prepares (topic, producer, position); `run()`
     relays until `stop()` (thread- and signal-handler-safe) or an error."""
 
     def __init__(
         self,
         app: Application[Any],
         *,
-        bootstrap: str,
+        brokers: str,
         topic: str,
         partitions: int = 6,
         replication: int = 1,
@@ -178,7 +178,7 @@ class Relay:
             raise ValueError("commit_interval must not be negative")
         self.app = app
         self.recorder: PostgresApplicationRecorder = app.recorder
-        self.bootstrap = bootstrap
+        self.brokers = brokers
         self.topic = topic
         self.partitions = partitions
         self.replication = replication
@@ -210,7 +210,7 @@ class Relay:
         instance, aborting its open transaction), and find the relayed position."""
         try:
             self.partitions = ensure_topic(
-                self.bootstrap,
+                self.brokers,
                 self.topic,
                 self.partitions,
                 self.replication,
@@ -222,7 +222,7 @@ class Relay:
             raise RelayError(str(exc)) from None
         producer = Producer(
             {
-                "bootstrap.servers": self.bootstrap,
+                "bootstrap.servers": self.brokers,
                 "transactional.id": self.transactional_id,
                 "enable.idempotence": True,
                 "acks": "all",
@@ -243,11 +243,11 @@ class Relay:
             producer.init_transactions(self.transaction_timeout)
         except KafkaException as exc:
             raise RelayError(
-                f"init_transactions({self.transactional_id!r}) failed at {self.bootstrap}: {exc}"
+                f"init_transactions({self.transactional_id!r}) failed at {self.brokers}: {exc}"
             ) from None
         self._producer = producer
         try:
-            self.stats.position = relayed_position(self.bootstrap, self.topic)
+            self.stats.position = relayed_position(self.brokers, self.topic)
         except PositionUnreadable as exc:
             raise RelayError(str(exc)) from None
         self.stats.started_at = time.time()
@@ -256,7 +256,7 @@ class Relay:
             "relay: %s -> kafka %s topic %s (%d partitions), transactional id %s (took over in %.2fs); "
             "relayed position %d, log at %d",
             self.recorder.channel_name,
-            self.bootstrap,
+            self.brokers,
             self.topic,
             self.partitions,
             self.transactional_id,

@@ -24,7 +24,7 @@ class KafkaSettings(Protocol):
     """FANOUT_LOG as parsed by `fanout.urls.kafka_settings`."""
 
     @property
-    def bootstrap(self) -> str: ...
+    def brokers(self) -> str: ...
     @property
     def topic(self) -> str: ...
     @property
@@ -58,7 +58,7 @@ class KafkaReplicaLinks:
         self.unreachable = unreachable  # raised when Kafka does not answer at start-up (the caller's error)
         self.beats = WorkerBeats()
         # Kafka down: one line and a summary every 30 s, not librdkafka's line per attempt
-        self.health = process_health(kafka.bootstrap)
+        self.health = process_health(kafka.brokers)
         # One long-lived client, one caller at a time: a client created and destroyed per check
         # while the broker restarted aborted the process inside librdkafka.
         self._lock = threading.Lock()
@@ -68,10 +68,10 @@ class KafkaReplicaLinks:
     def relayed_position(self) -> int:
         with self._lock:
             if self._consumer is None:
-                self._consumer = position_consumer(self.kafka.bootstrap)
+                self._consumer = position_consumer(self.kafka.brokers)
             try:
                 position = relayed_position(
-                    self.kafka.bootstrap, self.kafka.topic, timeout=5.0, consumer=self._consumer
+                    self.kafka.brokers, self.kafka.topic, timeout=5.0, consumer=self._consumer
                 )
             except Exception as exc:
                 self.health.failed(f"{type(exc).__name__}: {exc}")
@@ -105,7 +105,7 @@ class KafkaReplicaLinks:
         muted, self.health.muted = self.health.muted, True  # a start-up failure is one line (below)
         try:
             sub = PushSubscriber(
-                self.kafka.bootstrap,
+                self.kafka.brokers,
                 pushes_topic(self.kafka.topic),
                 callback,
                 on_beat=self.beats.seen,
@@ -117,7 +117,7 @@ class KafkaReplicaLinks:
         except (KafkaException, TopicUnavailable) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise self.unreachable(
-                f"FANOUT_LOG: Kafka at {self.kafka.bootstrap} does not answer ({first}): start it, "
+                f"FANOUT_LOG: Kafka at {self.kafka.brokers} does not answer ({first}): start it, "
                 "or name the right host and port in FANOUT_LOG"
             ) from None
         finally:

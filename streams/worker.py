@@ -186,7 +186,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    bootstrap: str  # host:port[,host:port]
+    brokers: str  # host:port[,host:port]
     topic: str  # the event topic
     partitions: int = 6  # of the event topic, when this worker creates it
     replication: int = 1
@@ -220,7 +220,7 @@ class ProjectionWorker:
         self.settings = s = settings
         self.worker_id = worker_id()
         self._beat = beat
-        self.log_reader = KafkaPartitionReader(s.bootstrap, s.topic)
+        self.log_reader = KafkaPartitionReader(s.brokers, s.topic)
         self.host = ProjectionHost(
             views,
             params,
@@ -232,7 +232,7 @@ class ProjectionWorker:
         )
         self.applier = Applier(self.host)
         ensure_topic(
-            s.bootstrap,
+            s.brokers,
             s.topic,
             s.partitions,
             s.replication,
@@ -241,13 +241,13 @@ class ProjectionWorker:
             timeout=30.0,
         )
         # T1/T2 over the platform: evaluated by the worker holding partition 0 (ADR-0020).
-        self.monitor = CapacityMonitor(params, views, partition_count(s.bootstrap, s.topic))
+        self.monitor = CapacityMonitor(params, views, partition_count(s.brokers, s.topic))
         datadir = s.datadir or Path(tempfile.mkdtemp(prefix="fanout-worker-"))
         self.app = app = WorkerApp(
             s.group,
-            broker=f"kafka://{s.bootstrap.split(',')[0]}",
-            broker_consumer=[f"kafka://{h}" for h in s.bootstrap.split(",")],
-            broker_producer=[f"kafka://{h}" for h in s.bootstrap.split(",")],
+            broker=f"kafka://{s.brokers.split(',')[0]}",
+            broker_consumer=[f"kafka://{h}" for h in s.brokers.split(",")],
+            broker_producer=[f"kafka://{h}" for h in s.brokers.split(",")],
             store="memory://",
             datadir=str(datadir),
             web_enabled=False,

@@ -119,7 +119,7 @@ class Namespace:
 
         from fanout.urls import kafka_settings
 
-        admin = AdminClient({"bootstrap.servers": kafka_settings(self.urls["FANOUT_LOG"]).bootstrap})
+        admin = AdminClient({"bootstrap.servers": kafka_settings(self.urls["FANOUT_LOG"]).brokers})
         for f in admin.delete_topics([self.name, f"{self.name}.pushes"], operation_timeout=30).values():
             try:
                 f.result(timeout=30)

@@ -90,7 +90,7 @@ def bootstrap_relay(env: Mapping[str, str], options: RelayOptions, *, kafka_logg
     try:
         relay = Relay(
             app,
-            bootstrap=kafka.bootstrap,
+            brokers=kafka.brokers,
             topic=kafka.topic,
             partitions=kafka.partitions,
             replication=kafka.replication,

@@ -84,4 +84,4 @@ def worker_group_members(settings: Settings) -> int:
     from streams.worker import WorkerSettings
 
     kafka = kafka_settings(settings.log)
-    return consumer_group_members(kafka.bootstrap, WorkerSettings(kafka.bootstrap, kafka.topic).group)
+    return consumer_group_members(kafka.brokers, WorkerSettings(kafka.brokers, kafka.topic).group)

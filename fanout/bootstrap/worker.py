@@ -86,9 +86,9 @@ def _line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
-def kafka_down(bootstrap: str, exc: BaseException) -> str:
+def kafka_down(brokers: str, exc: BaseException) -> str:
     return (
-        f"FANOUT_LOG: Kafka at {bootstrap} does not answer ({_line(exc)}): start it, "
+        f"FANOUT_LOG: Kafka at {brokers} does not answer ({_line(exc)}): start it, "
         "or name the right host and port in FANOUT_LOG"
     )
 
@@ -149,7 +149,7 @@ def bootstrap_worker(
     try:
         # Kafka's clients say "unreachable" once and then a summary, not a line per attempt; muted
         # until the worker runs (a start-up failure is this command's one line).
-        built.health = health = process_health(kafka.bootstrap)
+        built.health = health = process_health(kafka.brokers)
         health.muted = True
         store_env = postgres_env(env["FANOUT_EVENT_STORE"])
         try:
@@ -164,7 +164,7 @@ def bootstrap_worker(
         built.on_close(views.close)
         try:
             ensure_topic(
-                kafka.bootstrap,
+                kafka.brokers,
                 kafka.topic,
                 kafka.partitions,
                 kafka.replication,
@@ -173,7 +173,7 @@ def bootstrap_worker(
                 min_insync=kafka.min_insync,
             )
             publisher = PushPublisher(
-                kafka.bootstrap,
+                kafka.brokers,
                 pushes_topic(kafka.topic),
                 partitions=kafka.partitions,
                 replication=kafka.replication,
@@ -181,7 +181,7 @@ def bootstrap_worker(
                 on_delivered=health.reachable,  # a heartbeat acknowledged: Kafka answers
             )
         except (KafkaException, TopicUnavailable) as exc:
-            raise WorkerError(kafka_down(kafka.bootstrap, exc)) from None
+            raise WorkerError(kafka_down(kafka.brokers, exc)) from None
         built.on_close(publisher.close)
 
         def to_domain_event(record: EventRecord) -> Any:
@@ -200,7 +200,7 @@ def bootstrap_worker(
         try:
             built.worker = ProjectionWorker(
                 WorkerSettings(
-                    bootstrap=kafka.bootstrap,
+                    brokers=kafka.brokers,
                     topic=kafka.topic,
                     partitions=kafka.partitions,
                     replication=kafka.replication,
@@ -219,9 +219,9 @@ def bootstrap_worker(
                 beat=publisher.beat,
             )
         except (KafkaException, TopicUnavailable, LookupError) as exc:
-            raise WorkerError(kafka_down(kafka.bootstrap, exc)) from None
+            raise WorkerError(kafka_down(kafka.brokers, exc)) from None
         built.description = (
-            f"worker {built.worker.settings.group} consuming {kafka.topic} at {kafka.bootstrap} (read_committed), "
+            f"worker {built.worker.settings.group} consuming {kafka.topic} at {kafka.brokers} (read_committed), "
             f"pushes to {pushes_topic(kafka.topic)}, views {views_url}"
         )
         return built

@@ -56,8 +56,8 @@ def check_cassandra(url: str) -> None:
 def check_kafka(url: str) -> None:
     k = kafka_settings(url)
     t0 = time.monotonic()
-    admin = AdminClient({"bootstrap.servers": k.bootstrap})
-    want = len(k.bootstrap.split(","))
+    admin = AdminClient({"bootstrap.servers": k.brokers})
+    want = len(k.brokers.split(","))
     while len(admin.list_topics(timeout=10).brokers) < want:
         if time.monotonic() - t0 > TIMEOUT:
             raise SystemExit(f"kafka: brokers {admin.list_topics(timeout=10).brokers}")

@@ -91,7 +91,7 @@ def check_kafka(url: str) -> None:
     expect(u.scheme == "kafka" and u.hostname is not None and u.port is not None, f"FANOUT_LOG={url!r}: expected kafka://HOST:PORT")
     bs = f"{u.hostname}:{u.port}"
     E = "kafka"
-    out(E, f"bootstrap {bs}, confluent-kafka {confluent_kafka.version()}, librdkafka {confluent_kafka.libversion()[0]}")
+    out(E, f"brokers {bs}, confluent-kafka {confluent_kafka.version()}, librdkafka {confluent_kafka.libversion()[0]}")
     topic = f"fanout-smoke-{RUN}"
     partitions = 3
     base = {"bootstrap.servers": bs, "socket.timeout.ms": 10000}

@@ -156,7 +156,7 @@ def healthy(d: Deployment, timeout: float = 180.0) -> float:
     from confluent_kafka.admin import AdminClient
 
     k = kafka_settings(d.cluster.urls["FANOUT_LOG"])
-    admin = AdminClient({"bootstrap.servers": k.bootstrap})
+    admin = AdminClient({"bootstrap.servers": k.brokers})
     t0 = time.monotonic()
     while True:
         t = admin.list_topics(k.topic, timeout=10).topics.get(k.topic)
@@ -173,7 +173,7 @@ def leader_of_conversation(d: Deployment) -> tuple[int, int]:
 
     k = kafka_settings(d.cluster.urls["FANOUT_LOG"])
     part = conversation_partition(T, CID, d.rt.partitions)
-    md = AdminClient({"bootstrap.servers": k.bootstrap}).list_topics(k.topic, timeout=10)
+    md = AdminClient({"bootstrap.servers": k.brokers}).list_topics(k.topic, timeout=10)
     return part, int(md.topics[k.topic].partitions[part].leader)
 
 

@@ -33,10 +33,10 @@ def main(argv: list[str]) -> int:
         app = FanoutApplication(Parameters(), postgres_env(os.environ["FANOUT_EVENT_STORE"]), shared_store=True)
         app.close()
         # the event topic as the worker creates it (then counts its partitions) and as the relay does
-        ensure_topic(kafka.bootstrap, kafka.topic, kafka.partitions, kafka.replication)
-        partition_count(kafka.bootstrap, kafka.topic)
-        ensure_topic(kafka.bootstrap, kafka.topic, kafka.partitions, kafka.replication)
-        ensure_pushes_topic(kafka.bootstrap, pushes_topic(kafka.topic), kafka.partitions, kafka.replication, 0)
+        ensure_topic(kafka.brokers, kafka.topic, kafka.partitions, kafka.replication)
+        partition_count(kafka.brokers, kafka.topic)
+        ensure_topic(kafka.brokers, kafka.topic, kafka.partitions, kafka.replication)
+        ensure_pushes_topic(kafka.brokers, pushes_topic(kafka.topic), kafka.partitions, kafka.replication, 0)
         if "views" in argv:
             open_cassandra_views(cassandra_settings(os.environ["FANOUT_VIEWS"]), partitions=kafka.partitions).close()
     except Exception as exc:

@@ -317,7 +317,7 @@ def partition_of(kafka_url: str, position: int, timeout: float = 30.0) -> int:
     k = kafka_settings(kafka_url)
     consumer = Consumer(
         {
-            "bootstrap.servers": k.bootstrap,
+            "bootstrap.servers": k.brokers,
             "group.id": "crash-test-probe",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
@@ -552,7 +552,7 @@ def test_d_a_restart_of_the_kafka_broker(deployment: Deployment) -> None:
     cluster_id = (ENGINES_DIR / "kafka" / "cluster.id").read_text()
     sup = Supervisor(d.cluster)
     kafka = kafka_settings(d.cluster.urls["FANOUT_LOG"])
-    bootstrap, topic = kafka.bootstrap, kafka.topic
+    brokers, topic = kafka.brokers, kafka.topic
     for run in range(RUNS):
         started = time.monotonic()
         r = rng("d", run)
@@ -561,7 +561,7 @@ def test_d_a_restart_of_the_kafka_broker(deployment: Deployment) -> None:
         wait_fanout_started(d, first)
         delay = r.uniform(0.0, FANOUT_SECONDS * (PER_RUN - 1) * 0.8)
         time.sleep(delay)
-        relayed = relayed_position(bootstrap, topic)
+        relayed = relayed_position(brokers, topic)
         at_kill = written(d, range(first, first + PER_RUN))
         try:
             down = engine_script("kafka-down.sh")
@@ -570,7 +570,7 @@ def test_d_a_restart_of_the_kafka_broker(deployment: Deployment) -> None:
         finally:
             up = engine_script("kafka-up.sh")
         assert (ENGINES_DIR / "kafka" / "cluster.id").read_text() == cluster_id, "Kafka came back on new data"
-        assert relayed_position(bootstrap, topic) >= relayed, "the topic lost records across the restart"
+        assert relayed_position(brokers, topic) >= relayed, "the topic lost records across the restart"
         took = sup.settle(d)
         latest = check_run(d)
         note = (

@@ -110,7 +110,7 @@ class PrivateKafka:
             "FANOUT_ENGINES_KAFKA_PORT": str(free_port()),
             "FANOUT_ENGINES_KAFKA_CONTROLLER_PORT": str(free_port()),
         }
-        self.bootstrap = f"127.0.0.1:{self.env['FANOUT_ENGINES_KAFKA_PORT']}"
+        self.brokers = f"127.0.0.1:{self.env['FANOUT_ENGINES_KAFKA_PORT']}"
         self.pidfile = folder / "kafka" / "kafka.pid"
 
     def up(self) -> None:
@@ -178,7 +178,7 @@ def test_kafka_away_is_one_line_and_back_one_line_not_a_flood(
     private_kafka: PrivateKafka, fresh_postgres: str, fresh_cassandra: str, tmp_path: Path
 ) -> None:
     topic = unique("t")
-    log = with_query(f"kafka://{private_kafka.bootstrap}", topic=topic, partitions=2)
+    log = with_query(f"kafka://{private_kafka.brokers}", topic=topic, partitions=2)
     logs = tmp_path / "logs"
     logs.mkdir()
     worker = Proc(
@@ -204,11 +204,11 @@ def test_kafka_away_is_one_line_and_back_one_line_not_a_flood(
         after = {p: len(p.lines()) for p in (worker, replica)}
         private_kafka.up()
         for p in (worker, replica):
-            p.wait_for(rf"Kafka reachable again at {re.escape(private_kafka.bootstrap)} after [0-9.]+ s", 60, before[p])
+            p.wait_for(rf"Kafka reachable again at {re.escape(private_kafka.brokers)} after [0-9.]+ s", 60, before[p])
         for p, lines in during.items():
             text = "\n".join(lines)
             assert len(lines) <= MOST_LINES, f"{p.path.name} wrote {len(lines)} lines in {DOWN:.0f} s:\n{text[-3000:]}"
-            assert f"Kafka unreachable at {private_kafka.bootstrap}" in text, f"{p.path.name}: {text}"
+            assert f"Kafka unreachable at {private_kafka.brokers}" in text, f"{p.path.name}: {text}"
         for p in (worker, replica):
             back = p.lines()[after[p] :]
             assert len(back) <= 30, f"{p.path.name} after Kafka came back:\n" + "\n".join(back)[-3000:]

@@ -130,14 +130,14 @@ def test_anything_else_is_not_a_push_record(value: bytes) -> None:
 def pushes(fresh_kafka: str) -> Iterator[tuple[str, str]]:
     k = kafka_settings(fresh_kafka)
     topic = pushes_topic(k.topic)
-    ensure_pushes_topic(k.bootstrap, topic, 4, 1, 0)
-    yield k.bootstrap, topic
+    ensure_pushes_topic(k.brokers, topic, 4, 1, 0)
+    yield k.brokers, topic
 
 
 def test_every_push_published_after_a_subscriber_started_reaches_it_in_order(pushes: tuple[str, str]) -> None:
-    bootstrap, topic = pushes
-    assert partition_count(bootstrap, topic) == 4
-    publisher = PushPublisher(bootstrap, topic, partitions=4)
+    brokers, topic = pushes
+    assert partition_count(brokers, topic) == 4
+    publisher = PushPublisher(brokers, topic, partitions=4)
     publisher.publish([delivered(0, cid="before")])  # before any subscriber: nobody gets it
     assert publisher.flush() == 0
 
@@ -151,11 +151,11 @@ def test_every_push_published_after_a_subscriber_started_reaches_it_in_order(pus
 
         return cb
 
-    subscribers = [PushSubscriber(bootstrap, topic, collect(i)).start() for i in range(2)]  # two API replicas
+    subscribers = [PushSubscriber(brokers, topic, collect(i)).start() for i in range(2)]  # two API replicas
     try:
         sent = [delivered(s, cid=f"c{c}") for s in range(1, 21) for c in range(5)]
         # A record that is not a push (another writer) is skipped, not fatal.
-        p = Producer({"bootstrap.servers": bootstrap})
+        p = Producer({"bootstrap.servers": brokers})
         p.produce(topic, value=b"not json")
         p.flush(10)
         assert publisher.publish([*sent[:50], "not a Delivered", *sent[50:]]) == len(sent)
@@ -180,8 +180,8 @@ def test_every_push_published_after_a_subscriber_started_reaches_it_in_order(pus
 def test_a_replica_knows_the_live_workers_at_start_and_pushes_nothing_sent_before(pushes: tuple[str, str]) -> None:
     """The subscriber reads the last records of each partition back for their heartbeats
     only: a push published before it started reaches no callback."""
-    bootstrap, topic = pushes
-    publisher = PushPublisher(bootstrap, topic, partitions=4)
+    brokers, topic = pushes
+    publisher = PushPublisher(brokers, topic, partitions=4)
     try:
         publisher.publish([delivered(1, cid="before")])
         publisher.beat(WorkerBeat("w1", (0, 1), time.time(), 1.0))
@@ -191,7 +191,7 @@ def test_a_replica_knows_the_live_workers_at_start_and_pushes_nothing_sent_befor
         assert publisher.flush() == 0
         got: list[Delivered] = []
         beats = WorkerBeats()
-        sub = PushSubscriber(bootstrap, topic, got.append, on_beat=beats.seen).start()
+        sub = PushSubscriber(brokers, topic, got.append, on_beat=beats.seen).start()
         try:
             deadline = time.monotonic() + 10
             while beats.count() < 1 and time.monotonic() < deadline:
@@ -212,8 +212,8 @@ def test_a_replica_knows_the_live_workers_at_start_and_pushes_nothing_sent_befor
 
 
 def test_a_subscriber_reads_back_only_the_last_records_of_a_partition(pushes: tuple[str, str]) -> None:
-    bootstrap, topic = pushes
-    publisher = PushPublisher(bootstrap, topic, partitions=4)
+    brokers, topic = pushes
+    publisher = PushPublisher(brokers, topic, partitions=4)
     try:
         old = WorkerBeat("w-old", (0,), time.time(), 1.0)
         publisher.beat(old)
@@ -222,7 +222,7 @@ def test_a_subscriber_reads_back_only_the_last_records_of_a_partition(pushes: tu
             publisher.beat(WorkerBeat("w-old", (0,), time.time(), 1.0, leaving=i == BEAT_LOOKBACK - 1))
         assert publisher.flush() == 0
         beats = WorkerBeats()
-        sub = PushSubscriber(bootstrap, topic, lambda d: None, on_beat=beats.seen).start()
+        sub = PushSubscriber(brokers, topic, lambda d: None, on_beat=beats.seen).start()
         try:
             time.sleep(1.0)
             assert beats.count() == 0  # its last beat said it left
@@ -236,7 +236,7 @@ def test_a_worker_publishes_a_push_only_after_its_unit_committed(pushes: tuple[s
     """The host calls on_effects after the commit: every Delivered it hands over is already
     readable (message, delivery record, the partition's tracked position), and a unit that
     fails hands over nothing; the published pushes are exactly the messages."""
-    bootstrap, topic = pushes
+    brokers, topic = pushes
     b = LogBuilder({"PERSISTENCE_MODULE": "eventsourcing.popo"})
     try:
         write_log(b, rounds=1)
@@ -263,7 +263,7 @@ def test_a_worker_publishes_a_push_only_after_its_unit_committed(pushes: tuple[s
             return unit()
 
     views = FailOnce()
-    publisher = PushPublisher(bootstrap, topic, partitions=4)
+    publisher = PushPublisher(brokers, topic, partitions=4)
     checked: list[tuple[Delivered, bool]] = []
     current = {"partition": 0}
 
@@ -279,7 +279,7 @@ def test_a_worker_publishes_a_push_only_after_its_unit_committed(pushes: tuple[s
         publisher.publish(effects)
 
     received: list[Delivered] = []
-    subscriber = PushSubscriber(bootstrap, topic, received.append).start()
+    subscriber = PushSubscriber(brokers, topic, received.append).start()
     try:
         host = ProjectionHost(views, PARAMS, lambda r: b.app.mapper.to_domain_event(r.stored_event()), on_effects)
         for p, records in partitioned(notes).items():

@@ -56,7 +56,7 @@ TENANT = "acme"
 def kafka(fresh_kafka: str) -> Iterator[KafkaSettings]:
     k = kafka_settings(fresh_kafka)
     yield k
-    admin = AdminClient({"bootstrap.servers": k.bootstrap})
+    admin = AdminClient({"bootstrap.servers": k.brokers})
     for f in admin.delete_topics([k.topic], operation_timeout=10).values():
         with contextlib.suppress(Exception):  # never created, or already gone
             f.result(15)
@@ -121,7 +121,7 @@ def read_topic(k: KafkaSettings, timeout: float = 30.0, isolation: str = "read_c
     """Everything a read_committed consumer sees in the topic now, in partition order."""
     c = Consumer(
         {
-            "bootstrap.servers": k.bootstrap,
+            "bootstrap.servers": k.brokers,
             "group.id": "test-reader",
             "isolation.level": isolation,
             "enable.auto.commit": False,
@@ -204,7 +204,7 @@ class RelayThread:
     def __init__(self, env: dict[str, str], k: KafkaSettings, **kw: Any) -> None:
         self.app = FanoutApplication(Parameters(), env)
         self.relay = Relay(
-            self.app, bootstrap=k.bootstrap, topic=k.topic, partitions=k.partitions, log_interval=1.0, **kw
+            self.app, brokers=k.brokers, topic=k.topic, partitions=k.partitions, log_interval=1.0, **kw
         )
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -227,7 +227,7 @@ class RelayThread:
 def relay_process(store_url: str, k: KafkaSettings, log: Path, *args: str) -> subprocess.Popen[bytes]:
     env = {kk: v for kk, v in os.environ.items() if not kk.startswith("FANOUT_")}
     env["FANOUT_EVENT_STORE"] = store_url
-    env["FANOUT_LOG"] = f"kafka://{k.bootstrap}?topic={k.topic}&partitions={k.partitions}"
+    env["FANOUT_LOG"] = f"kafka://{k.brokers}?topic={k.topic}&partitions={k.partitions}"
     return subprocess.Popen(
         [sys.executable, "-m", "cli.relay", "--log-interval", "1", *args],
         cwd=ROOT,
@@ -268,7 +268,7 @@ def test_events_arrive_once_in_order_with_their_keys(store: tuple[str, dict[str,
         assert expected == list(range(1, w.top() + 1))
         seen = read_topic(kafka)
         events = check_exactly_once(seen, expected, kafka.partitions)
-        assert relayed_position(kafka.bootstrap, kafka.topic) == w.top()
+        assert relayed_position(kafka.brokers, kafka.topic) == w.top()
 
         partition_of_key = {s.key: s.partition for s in events}
         # the relay's producer puts each key where streams/routing.py says (fresh reads rely on it)
@@ -359,7 +359,7 @@ def test_kill_9_at_random_moments_loses_and_duplicates_nothing(
         writer.join(30)
         assert not errors, errors
         top = w.top()
-        wait_for(lambda: relayed_position(kafka.bootstrap, kafka.topic) >= top, 60, f"position {top} in the topic")
+        wait_for(lambda: relayed_position(kafka.brokers, kafka.topic) >= top, 60, f"position {top} in the topic")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0, log.read_text()[-3000:]
         expected = store_positions(url)
@@ -392,7 +392,7 @@ def test_a_second_relay_fences_the_first(
     first = relay_process(url, kafka, first_log)
     second: subprocess.Popen[bytes] | None = None
     try:
-        wait_for(lambda: relayed_position(kafka.bootstrap, kafka.topic) >= w.top(), 30, "the first relay")
+        wait_for(lambda: relayed_position(kafka.brokers, kafka.topic) >= w.top(), 30, "the first relay")
         second = relay_process(url, kafka, second_log)
         deadline = time.monotonic() + 30
         while first.poll() is None:  # keep writing: the first notices at its next transaction
@@ -406,7 +406,7 @@ def test_a_second_relay_fences_the_first(
         for _ in range(30):
             w.send()
         top = w.top()
-        wait_for(lambda: relayed_position(kafka.bootstrap, kafka.topic) >= top, 30, "the second relay")
+        wait_for(lambda: relayed_position(kafka.brokers, kafka.topic) >= top, 30, "the second relay")
         second.send_signal(signal.SIGTERM)
         assert second.wait(20) == 0
         check_exactly_once(read_topic(kafka), store_positions(url), kafka.partitions)
@@ -439,7 +439,7 @@ def test_events_written_while_down_are_relayed_after_start(
             w.send()
         # decided while down: the restarted relay never saw its Opened event (empty cache)
         w.app.decide_review(TENANT, review, "enable_mention_only", "ops", 20000, 0.05)
-        assert relayed_position(kafka.bootstrap, kafka.topic) == first_top
+        assert relayed_position(kafka.brokers, kafka.topic) == first_top
         relay = RelayThread(env, kafka)
         wait_for(lambda: relay.relay.position >= w.top(), 30, "catch-up after a restart")
         relay.stop()
@@ -545,7 +545,7 @@ def test_an_abandoned_transaction_is_aborted_and_never_counted(
 
         from streams.relay import transactional_id_for
 
-        zombie = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": transactional_id_for(kafka.topic)})
+        zombie = Producer({"bootstrap.servers": kafka.brokers, "transactional.id": transactional_id_for(kafka.topic)})
         zombie.init_transactions(30)
         zombie.begin_transaction()
         fake = EventRecord(0, "domain.conversation:Conversation.MessageSent", UUID(int=1), 1, b"{}")
@@ -557,12 +557,12 @@ def test_an_abandoned_transaction_is_aborted_and_never_counted(
         assert zombie.flush(30) == 0
         for _ in range(10):
             w.send()
-        assert relayed_position(kafka.bootstrap, kafka.topic) == committed  # read_committed stops at the open txn
+        assert relayed_position(kafka.brokers, kafka.topic) == committed  # read_committed stops at the open txn
 
         relay = RelayThread(env, kafka)  # fences the zombie, aborts its transaction
         wait_for(lambda: relay.relay.position >= w.top(), 30, "the second relay")
         relay.stop()
-        assert relayed_position(kafka.bootstrap, kafka.topic) == w.top()
+        assert relayed_position(kafka.brokers, kafka.topic) == w.top()
         check_exactly_once(read_topic(kafka), store_positions(url), kafka.partitions)
         hidden = len(read_topic(kafka, isolation="read_uncommitted")) - len(read_topic(kafka))
         assert hidden == 3000 + kafka.partitions
@@ -588,12 +588,12 @@ class PositionSampler:
         self._thread.start()
 
     def _run(self) -> None:
-        consumer = position_consumer(self.k.bootstrap)
+        consumer = position_consumer(self.k.brokers)
         try:
             while not self._stop.is_set():
                 try:
                     # a small first window (widened x8 when it holds no committed record): quick samples
-                    position = relayed_position(self.k.bootstrap, self.k.topic, consumer=consumer, window=64)
+                    position = relayed_position(self.k.brokers, self.k.topic, consumer=consumer, window=64)
                     self.samples.append(position)
                 except PositionUnreadable as exc:  # counted, not fatal: the checks below say
                     self.errors.append(exc)
@@ -621,7 +621,7 @@ class OpenTransactions:
 
     def __init__(self, k: KafkaSettings) -> None:
         self.k = k
-        conf = {"bootstrap.servers": k.bootstrap, "enable.auto.commit": False}
+        conf = {"bootstrap.servers": k.brokers, "enable.auto.commit": False}
         self.committed = Consumer({**conf, "group.id": "lso-probe", "isolation.level": "read_committed"})
         self.uncommitted = Consumer({**conf, "group.id": "hw-probe", "isolation.level": "read_uncommitted"})
 
@@ -758,11 +758,11 @@ def test_a_relay_paused_mid_transaction_is_fenced_by_its_successor(
             elif variant == "successor_stopped_first":
                 procs[b].send_signal(signal.SIGTERM)
                 assert procs[b].wait(20) == 0, logs[b].read_text()[-2000:]
-                stopped_at = relayed_position(kafka.bootstrap, kafka.topic)  # nobody relays now
+                stopped_at = relayed_position(kafka.brokers, kafka.topic)  # nobody relays now
                 procs[a].send_signal(signal.SIGCONT)
                 time.sleep(1.0)  # A is running, the writer writing: A must not commit anything
                 fenced(a)
-                assert relayed_position(kafka.bootstrap, kafka.topic) == stopped_at
+                assert relayed_position(kafka.brokers, kafka.topic) == stopped_at
                 b = f"r{i}b"
                 start(b)
                 wait_for(lambda b=b: took_over(b), 60, f"{b} to take over")

@@ -33,21 +33,21 @@ def keys(count: int, seed: int) -> list[str]:
 
 @pytest.fixture
 def topics(fresh_kafka: str) -> Iterator[tuple[str, str, list[str]]]:
-    """(bootstrap, a topic name no other test uses, the topics to delete afterwards)."""
+    """(brokers, a topic name no other test uses, the topics to delete afterwards)."""
     k = kafka_settings(fresh_kafka)
     names: list[str] = []
-    yield k.bootstrap, k.topic, names
-    admin = AdminClient({"bootstrap.servers": k.bootstrap})
+    yield k.brokers, k.topic, names
+    admin = AdminClient({"bootstrap.servers": k.brokers})
     for f in admin.delete_topics(names, operation_timeout=10).values() if names else []:
         with contextlib.suppress(Exception):
             f.result(15)
 
 
-def landed(bootstrap: str, topic: str, partitions: int, expected: int) -> dict[str, int]:
+def landed(brokers: str, topic: str, partitions: int, expected: int) -> dict[str, int]:
     """key -> the partition a consumer finds it in."""
     c = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            "bootstrap.servers": brokers,
             "group.id": "routing-reader",
             "enable.auto.commit": False,
             "enable.partition.eof": True,
@@ -78,17 +78,17 @@ def landed(bootstrap: str, topic: str, partitions: int, expected: int) -> dict[s
 def test_partition_of_says_where_the_relays_producer_puts_a_key(
     topics: tuple[str, str, list[str]], partitions: int
 ) -> None:
-    bootstrap, topic, names = topics
+    brokers, topic, names = topics
     names.append(topic)
-    assert ensure_topic(bootstrap, topic, partitions, 1) == partitions
+    assert ensure_topic(brokers, topic, partitions, 1) == partitions
     sent = keys(600, seed=partitions)
     # the relay's setting, and librdkafka's default (the same today: a changed default must show here)
     for conf in ({"partitioner": PARTITIONER}, {}):
-        p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", **conf})
+        p = Producer({"bootstrap.servers": brokers, "enable.idempotence": True, "acks": "all", **conf})
         for key in sent:
             p.produce(topic, key=key, value=b"")
         assert p.flush(30) == 0
-    where = landed(bootstrap, topic, partitions, len(sent))
+    where = landed(brokers, topic, partitions, len(sent))
     assert len(where) == len(sent)
     wrong = {key: (p, partition_of(key, partitions)) for key, p in where.items() if p != partition_of(key, partitions)}
     assert not wrong, f"{len(wrong)} keys elsewhere than partition_of says (landed, predicted): {list(wrong.items())[:5]}"

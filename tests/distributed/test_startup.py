@@ -153,7 +153,7 @@ def test_four_processes_open_the_stores_at_once_fresh_and_restarted(database: An
                 sent += 1
                 _send_and_read(urls, sent)
         kafka = kafka_settings(urls["FANOUT_LOG"])
-        assert partition_count(kafka.bootstrap, kafka.topic) == PARTITIONS
+        assert partition_count(kafka.brokers, kafka.topic) == PARTITIONS
     assert not failures, "\n".join(failures)
 
 

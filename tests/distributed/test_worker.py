@@ -58,10 +58,10 @@ class FakeRelay:
     """Produces notifications as the relay does: in one Kafka transaction per call, keyed
     by aggregate id, ending with a watermark record on every partition."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, brokers: str, topic: str) -> None:
         self.topic = topic
         self.producer = Producer(
-            {"bootstrap.servers": bootstrap, "transactional.id": f"test-relay-{uuid.uuid4().hex}", "linger.ms": 5}
+            {"bootstrap.servers": brokers, "transactional.id": f"test-relay-{uuid.uuid4().hex}", "linger.ms": 5}
         )
         self.producer.init_transactions(30)
 
@@ -197,8 +197,8 @@ def test_one_worker_builds_the_reference_views_and_a_redelivery_changes_nothing(
     log: LogBuilder, fresh_postgres: str, fresh_kafka: str, tmp_path: Path
 ) -> None:
     kafka = kafka_settings(fresh_kafka)
-    ensure_topic(kafka.bootstrap, kafka.topic, PARTITIONS)
-    ensure_pushes_topic(kafka.bootstrap, pushes_topic(kafka.topic), PARTITIONS, 1, 0)
+    ensure_topic(kafka.brokers, kafka.topic, PARTITIONS)
+    ensure_pushes_topic(kafka.brokers, pushes_topic(kafka.topic), PARTITIONS, 1, 0)
     notes = log.notes()
     top = notes[-1].id
     sent = sum(1 for n in notes if n.topic.endswith("MessageSent"))
@@ -220,8 +220,8 @@ def test_one_worker_builds_the_reference_views_and_a_redelivery_changes_nothing(
             v.close()
         received.append((d, committed))
 
-    subscriber = PushSubscriber(kafka.bootstrap, pushes_topic(kafka.topic), on_push).start()
-    relay = FakeRelay(kafka.bootstrap, kafka.topic)
+    subscriber = PushSubscriber(kafka.brokers, pushes_topic(kafka.topic), on_push).start()
+    relay = FakeRelay(kafka.brokers, kafka.topic)
     env = worker_env(fresh_postgres, fresh_kafka, "sqlite", data_dir)
     try:
         relay.send_notes(notes[: len(notes) // 2])
@@ -285,11 +285,11 @@ def test_records_of_an_aborted_transaction_are_never_applied(
     log: LogBuilder, fresh_postgres: str, fresh_kafka: str, tmp_path: Path
 ) -> None:
     kafka = kafka_settings(fresh_kafka)
-    ensure_topic(kafka.bootstrap, kafka.topic, PARTITIONS)
+    ensure_topic(kafka.brokers, kafka.topic, PARTITIONS)
     notes = log.notes()
     top = notes[-1].id
     reference = snapshot(log.views)
-    relay = FakeRelay(kafka.bootstrap, kafka.topic)
+    relay = FakeRelay(kafka.brokers, kafka.topic)
     half = len(notes) // 2
     relay.send_notes(notes[:half])
     # The aborted transaction: a MessageSent again, at a position far ahead, and a watermark
@@ -302,8 +302,8 @@ def test_records_of_an_aborted_transaction_are_never_applied(
     relay.send_notes(notes[half:])
 
     # The aborted records are in the topic: a read_uncommitted consumer sees them.
-    seen = read_all(kafka.bootstrap, kafka.topic, "read_uncommitted")
-    assert 10**6 in seen and 10**6 not in read_all(kafka.bootstrap, kafka.topic, "read_committed")
+    seen = read_all(kafka.brokers, kafka.topic, "read_uncommitted")
+    assert 10**6 in seen and 10**6 not in read_all(kafka.brokers, kafka.topic, "read_committed")
 
     data_dir = tmp_path / "views"
     data_dir.mkdir()
@@ -321,13 +321,13 @@ def test_records_of_an_aborted_transaction_are_never_applied(
         views.close()
 
 
-def read_all(bootstrap: str, topic: str, isolation: str) -> list[int]:
+def read_all(brokers: str, topic: str, isolation: str) -> list[int]:
     """The positions (events' and watermarks') of every record of the topic."""
     from streams.records import position_of
 
     c = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            "bootstrap.servers": brokers,
             "group.id": f"t-{uuid.uuid4().hex}",
             "isolation.level": isolation,
             "enable.auto.commit": False,
@@ -383,8 +383,8 @@ def test_two_workers_share_the_partitions_and_one_killed_mid_stream_loses_nothin
         b.close()
     top = notes[-1].id
     kafka = kafka_settings(fresh_kafka)
-    ensure_topic(kafka.bootstrap, kafka.topic, PARTITIONS)
-    relay = FakeRelay(kafka.bootstrap, kafka.topic)
+    ensure_topic(kafka.brokers, kafka.topic, PARTITIONS)
+    relay = FakeRelay(kafka.brokers, kafka.topic)
     views = cassandra_views(fresh_cassandra)  # creates the schema before the workers race to
     env = worker_env(fresh_postgres, fresh_kafka, fresh_cassandra)
     first = notes[: len(notes) // 4]

@@ -12,7 +12,7 @@ VIEWS = "cassandra://127.0.0.2:29042,127.0.0.3:29042,127.0.0.4:29042/fanout?repl
 
 def test_kafka_cluster_url() -> None:
     k = kafka_settings(KAFKA)
-    assert k.bootstrap == "127.0.0.2:29092,127.0.0.3:29092,127.0.0.4:29092"
+    assert k.brokers == "127.0.0.2:29092,127.0.0.3:29092,127.0.0.4:29092"
     assert (k.partitions, k.replication, k.min_insync) == (6, 3, 2)
     assert kafka_settings("kafka://127.0.0.1:19092").min_insync == 0  # the broker's default
 
