@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from adapters.rocksdb_mailbox import ShardCountMismatch
+from adapters.rocksdb.mailbox import ShardCountMismatch
 from cli.worker import WorkerError
 from domain.errors import FanoutError
 from fanout.bootstrap import DataDirBusy

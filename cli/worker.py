@@ -118,8 +118,8 @@ def _open_views(url: str, data_dir: str | None, params: Any, partitions: int, st
 
         settings = cassandra_settings(url)
         try:
-            from adapters.cassandra_mailbox import CassandraMailbox
-            from adapters.cassandra_views import CassandraViews
+            from adapters.cassandra.mailbox import CassandraMailbox
+            from adapters.cassandra.views import CassandraViews
         except ImportError:
             raise WorkerError("FANOUT_VIEWS=cassandra://: the Cassandra views adapter is not in this build") from None
         from fanout.rereview import MailboxMeter

@@ -20,8 +20,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from adapters.rocksdb_mailbox import RocksMailbox
-from adapters.sqlite_views import SqliteViews
+from adapters.rocksdb.mailbox import RocksMailbox
+from adapters.sqlite.views import SqliteViews
 from domain.params import Parameters
 from fanout.application import FanoutApplication
 from fanout.config import ConfigError, EngineUnavailable, Settings, is_distributed
@@ -37,8 +37,8 @@ from streams.embedded import EmbeddedRunner
 from streams.routing import conversation_partition
 
 if TYPE_CHECKING:  # the distributed engines' clients are imported when that runtime is built
-    from adapters.cassandra_rebuild import CassandraAsideBuilds
-    from adapters.cassandra_views import CassandraViews
+    from adapters.cassandra.rebuild import CassandraAsideBuilds
+    from adapters.cassandra.views import CassandraViews
 
 log = logging.getLogger("fanout.runtime")
 
@@ -349,8 +349,8 @@ def consumer_group_members(bootstrap: str, group: str, timeout: float = 5.0, *, 
 
 def open_cassandra_views(settings: CassandraSettings, *, partitions: int) -> CassandraViews:
     """The views and the mailbox in Cassandra (keyspace and tables created if absent)."""
-    from adapters.cassandra_mailbox import CassandraMailbox
-    from adapters.cassandra_views import CassandraViews
+    from adapters.cassandra.mailbox import CassandraMailbox
+    from adapters.cassandra.views import CassandraViews
 
     mailbox = MailboxMeter(CassandraMailbox.from_settings(settings))  # timed: re-review condition 4 (ADR-0026)
     try:
@@ -438,7 +438,7 @@ def open_distributed_views(settings: Settings, *, keyspace: str | None = None) -
 
 def cassandra_aside_builds(views: CassandraViews) -> CassandraAsideBuilds:
     """The Cassandra side of `fanout rebuild` / `verify` over the live views' session."""
-    from adapters.cassandra_rebuild import CassandraAsideBuilds
+    from adapters.cassandra.rebuild import CassandraAsideBuilds
 
     return CassandraAsideBuilds(views.session, views.keyspace)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from adapters.cassandra_mailbox import CassandraMailbox
+from adapters.cassandra.mailbox import CassandraMailbox
 from fanout.bootstrap import open_cassandra_views
 from fanout.rereview import FANOUT_WRITE, MailboxMeter
 from fanout.urls import cassandra_settings

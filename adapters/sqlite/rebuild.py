@@ -15,9 +15,9 @@ happened when the message was first delivered; a rebuild cannot recompute them. 
 rows that exist in the live views, the live values are carried over; rows the live
 views lacked keep the rebuild's commit time and no push count. Verify ignores them.
 
-Stands alone (adapters do not import each other): it knows the file names and the
-tables of adapters/sqlite_views.py and adapters/rocksdb_mailbox.py as bootstrap lays
-them out."""
+It imports no other store (the RocksDB mailbox is another engine's package): it knows
+the file names and the tables of adapters/sqlite/views.py and adapters/rocksdb/mailbox.py
+as bootstrap lays them out."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ cluster's partitioner): rows are grouped by token and the groups merged, so memo
 one partition at a time (a 100k-member group's state partition at most), not a table.
 
 The tables and their keys are read from system_schema: this module knows the table names
-(adapters/cassandra_views.py and adapters/cassandra_mailbox.py create them) and which
+(adapters/cassandra/views.py and adapters/cassandra/mailbox.py create them) and which
 columns are runtime facts, nothing else. It stands alone (adapters do not import each
 other); the composition root hands it the live views' session."""
 
@@ -31,7 +31,7 @@ from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent
 from cassandra.query import PreparedStatement, SimpleStatement
 
-from adapters.cassandra_stamps import RANK_REBUILD, stamp
+from adapters.cassandra.stamps import RANK_REBUILD, stamp
 from projections.ports import StaleAside, StoreDiff
 
 # The tables each part of the views writes (the mailbox is a table of the keyspace here).
@@ -178,7 +178,7 @@ class CassandraAsideBuilds:
             raise StaleAside("the live views moved during the rebuild (a worker ran?); nothing was switched")
         # Every merged write is stamped just above position P (the one position the views stand
         # at): it replaces what the units up to P wrote and loses to any unit after P, so a
-        # worker started during the merge is never overwritten (adapters/cassandra_stamps.py).
+        # worker started during the merge is never overwritten (adapters/cassandra/stamps.py).
         ts = stamp(max(expect.values(), default=0), RANK_REBUILD)
         out: dict[str, Merged] = {}
         for name in tables:

@@ -5,7 +5,7 @@ partition read. A message to N members is written as UNLOGGED batches of BATCH_R
 rows (consecutive members of a MailboxShard list) with up to IN_FLIGHT batches in the
 air, never one round trip per member. Every row is an upsert of the same key (tenant,
 user, pos) with the same values and the same write timestamp (the message's log position,
-adapters/cassandra_stamps.py), so writing the same refs again changes nothing.
+adapters/cassandra/stamps.py), so writing the same refs again changes nothing.
 docs/adr/0014-cassandra-data-model.md."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from cassandra.io.asyncioreactor import AsyncioConnection
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
 from cassandra.query import BatchStatement, BatchType, PreparedStatement, dict_factory
 
-from adapters.cassandra_stamps import stamp
+from adapters.cassandra.stamps import stamp
 from projections.ports import MailboxEntry, MessageRefs
 
 BATCH_ROWS = 100  # rows per UNLOGGED batch (100 x ~60 bytes: far below the 64 KiB size warning)
@@ -44,7 +44,7 @@ CREATE TABLE IF NOT EXISTS {ks}.mailbox (
 
 INSERT_ENTRY = (
     "INSERT INTO {ks}.mailbox (tenant, user_id, pos, conversation_seq, conversation_id, flags) "
-    "VALUES (?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"  # the message's log position (cassandra_stamps)
+    "VALUES (?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"  # the message's log position (stamps.py)
 )
 
 

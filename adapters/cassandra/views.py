@@ -37,8 +37,8 @@ from cassandra.io.asyncioreactor import AsyncioConnection
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
 from cassandra.query import BatchStatement, BatchType, PreparedStatement, dict_factory
 
-from adapters.cassandra_mailbox import INSERT_ENTRY, CassandraMailbox, Row, grouped
-from adapters.cassandra_stamps import stamp
+from adapters.cassandra.mailbox import INSERT_ENTRY, CassandraMailbox, Row, grouped
+from adapters.cassandra.stamps import stamp
 from projections.ports import ALL_PARTS, LogPosition, MailboxEntry, MailboxStore, MessageRefs
 from projections.state import Session as LoginSession
 from projections.state import SessionHead, SessionState, UserConversationState, sessions_by_two_reads
@@ -488,7 +488,7 @@ class CassandraViews:
         p = session.prepare
         state_cols = ", ".join(STATE_COLUMNS)
         state_marks = ", ".join("?" * len(STATE_COLUMNS))
-        ts = "USING TIMESTAMP ?"  # every write of a unit: its log position's stamp (cassandra_stamps)
+        ts = "USING TIMESTAMP ?"  # every write of a unit: its log position's stamp (stamps.py)
         self._w: dict[str, PreparedStatement] = {
             "track": p(f"INSERT INTO {ks}.tracking (projection, partition, position) VALUES (?, ?, ?) {ts}"),
             "log_position": p(

@@ -1,6 +1,7 @@
 """SQLite backend of the read side: views (heads, messages, states, delivery
-records, admin views, tracking) in one WAL database, and the mailbox in its own
-file so it can be rebuilt and swapped on its own.
+records, admin views, tracking) in one WAL database; the mailbox store it is given
+(RocksDB, or adapters/sqlite/mailbox.py) keeps its own file so it can be rebuilt and
+swapped on its own.
 
 Mailbox writes are idempotent (INSERT OR IGNORE on the primary key) and are made
 durable before the views transaction that records the tracking position commits,
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from adapters.sqlite.connect import connect
 from projections.ports import ALL_PARTS as ALL_PARTS  # the parts a unit of work writes
 from projections.ports import LogPosition, MailboxEntry, MailboxStore, MessageRefs
 from projections.state import Session, SessionHead, SessionState, UserConversationState
@@ -117,20 +119,6 @@ HEAD_COLUMNS = (
 )
 
 
-def connect(path: Path | str, *, readonly: bool = False) -> sqlite3.Connection:
-    uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
-    con = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=30)
-    con.row_factory = sqlite3.Row
-    con.execute("PRAGMA busy_timeout=30000")
-    if not readonly:
-        con.execute("PRAGMA journal_mode=WAL")
-    con.execute("PRAGMA synchronous=NORMAL")
-    con.execute("PRAGMA cache_size=-131072")  # 128 MiB
-    con.execute("PRAGMA mmap_size=1073741824")
-    con.execute("PRAGMA temp_store=MEMORY")
-    return con
-
-
 class ReadPool:
     """A fixed number of read-only connections for reads that hold a cursor across
     awaits (the login's session list): a login borrows one instead of opening its own,
@@ -176,85 +164,6 @@ class ReadPool:
 
 
 READ_POOL_SIZE = 8  # the API's executor threads
-
-
-class SqliteMailbox:
-    """UserMailboxEntry in SQLite: key (tenant, user_id, pos), a user-ordered B-tree.
-    The slower alternative (docs/adr/0004-mailbox-store.md), kept behind the same
-    contract suite for small deployments and comparison."""
-
-    SCHEMA = """
-    CREATE TABLE IF NOT EXISTS mailbox (
-        tenant TEXT NOT NULL, user_id TEXT NOT NULL, pos INTEGER NOT NULL,
-        conversation_seq INTEGER NOT NULL, conversation_id TEXT NOT NULL, flags INTEGER NOT NULL,
-        PRIMARY KEY (tenant, user_id, pos)) WITHOUT ROWID;
-    """
-
-    def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
-        self._write = connect(self.path)
-        self._write.executescript(self.SCHEMA)
-        self._local = threading.local()
-
-    def _reader(self) -> sqlite3.Connection:
-        con = getattr(self._local, "con", None)
-        if con is None:
-            con = self._local.con = connect(self.path)
-        return con
-
-    def write(self, tenant: str, refs: MessageRefs) -> int:
-        con = self._write
-        n = 0
-        pos, seq, cid, special = refs.pos, refs.seq, refs.conversation_id, refs.special
-        con.execute("BEGIN")
-        try:
-            for shard in sorted(refs.shards):
-                # One statement per MailboxShard batch.
-                rows = [(tenant, u, pos, seq, cid, special.get(u, refs.flags)) for u in refs.shards[shard]]
-                con.executemany("INSERT OR IGNORE INTO mailbox VALUES (?, ?, ?, ?, ?, ?)", rows)
-                n += len(rows)
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        return n
-
-    def read(self, tenant: str, user_id: str, after: int, until: int, limit: int) -> list[MailboxEntry]:
-        rows = (
-            self._reader()
-            .execute(
-                "SELECT user_id, pos, conversation_seq, conversation_id, flags FROM mailbox "
-                "WHERE tenant=? AND user_id=? AND pos>? AND pos<=? ORDER BY pos LIMIT ?",
-                (tenant, user_id, after, until, limit),
-            )
-            .fetchall()
-        )
-        return [tuple(r) for r in rows]
-
-    def all_entries(self) -> Iterator[tuple[str, str, int, int, str, int]]:
-        for r in self._reader().execute(
-            "SELECT tenant, user_id, pos, conversation_seq, conversation_id, flags FROM mailbox "
-            "ORDER BY tenant, user_id, pos"
-        ):
-            yield tuple(r)
-
-    def sort_key(self, tenant: str, user_id: str, pos: int) -> tuple[str, str, int]:
-        return (tenant, user_id, pos)
-
-    def count(self) -> int:
-        return int(self._reader().execute("SELECT count(*) FROM mailbox").fetchone()[0])
-
-    def flush(self) -> None:
-        pass  # each write_shards commits; synchronous=NORMAL in WAL is durable across process crashes
-
-    def reopen(self) -> None:
-        pass  # SQLite recovers from a failed write by itself (the transaction rolled back)
-
-    def close(self) -> None:
-        self._write.close()
-        con = getattr(self._local, "con", None)
-        if con is not None:
-            con.close()
 
 
 class SqliteWriter:
