@@ -118,24 +118,17 @@ def _open_views(url: str, data_dir: str | None, params: Any, partitions: int, st
 
         settings = cassandra_settings(url)
         try:
-            from adapters.cassandra.mailbox import CassandraMailbox
-            from adapters.cassandra.views import CassandraViews
+            import adapters.cassandra.views  # noqa: F401  (the driver is in this build)
         except ImportError:
             raise WorkerError("FANOUT_VIEWS=cassandra://: the Cassandra views adapter is not in this build") from None
-        from fanout.rereview import MailboxMeter
+        from fanout.bootstrap import open_cassandra_views
 
         try:
-            # timed: the mailbox layer's unit cost, in the heartbeats (re-review condition 4, ADR-0026)
-            mailbox = MailboxMeter(CassandraMailbox.from_settings(settings))
+            # one session for the views and the mailbox; the mailbox timed: its unit cost in the
+            # heartbeats (re-review condition 4, ADR-0026)
+            return open_cassandra_views(settings, partitions=partitions)
         except Exception as exc:
-            raise WorkerError(f"FANOUT_VIEWS: Cassandra at {url} does not answer: {_line(exc)}") from None
-        try:
-            return CassandraViews.from_settings(settings, mailbox, partitions=partitions)
-        except BaseException as exc:
-            mailbox.close()
-            if isinstance(exc, Exception):
-                raise WorkerError(f"FANOUT_VIEWS: cannot open the views at {url}: {_line(exc)}") from None
-            raise
+            raise WorkerError(f"FANOUT_VIEWS: cannot open the views at {url}: {_line(exc)}") from None
     raise WorkerError(f"FANOUT_VIEWS={url!r}: expected a cassandra:// URL or sqlite")
 
 

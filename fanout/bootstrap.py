@@ -348,15 +348,19 @@ def consumer_group_members(bootstrap: str, group: str, timeout: float = 5.0, *, 
 
 
 def open_cassandra_views(settings: CassandraSettings, *, partitions: int) -> CassandraViews:
-    """The views and the mailbox in Cassandra (keyspace and tables created if absent)."""
+    """The views and the mailbox in Cassandra (keyspace and tables created if absent) on ONE
+    session, owned by the views: their close() closes the mailbox, then the Cluster."""
+    from adapters.cassandra.connect import open_session
     from adapters.cassandra.mailbox import CassandraMailbox
     from adapters.cassandra.views import CassandraViews
 
-    mailbox = MailboxMeter(CassandraMailbox.from_settings(settings))  # timed: re-review condition 4 (ADR-0026)
+    connection = open_session(settings)
     try:
-        return CassandraViews.from_settings(settings, mailbox, partitions=partitions)
+        mailbox = MailboxMeter(CassandraMailbox(connection.session, settings.keyspace))  # timed: ADR-0026
+        return CassandraViews(connection.session, settings.keyspace, mailbox, partitions=partitions,
+                              in_flight=settings.in_flight, connection=connection)  # fmt: skip
     except BaseException:
-        mailbox.close()
+        connection.close()
         raise
 
 

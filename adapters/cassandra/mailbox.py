@@ -10,38 +10,20 @@ docs/adr/0014-cassandra-data-model.md."""
 
 from __future__ import annotations
 
-import logging
 import struct
-import uuid
-import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
-from cassandra import ConsistencyLevel
-from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
-from cassandra.concurrent import execute_concurrent
-from cassandra.io.asyncioreactor import AsyncioConnection
-from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
-from cassandra.query import BatchStatement, BatchType, PreparedStatement, dict_factory
+from cassandra.cluster import Session
+from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
+from adapters.cassandra.connect import ClusterSettings, Connection, open_session, run
+from adapters.cassandra.schema import MAILBOX_TABLE
 from adapters.cassandra.stamps import stamp
 from projections.ports import MailboxEntry, MessageRefs
 
 BATCH_ROWS = 100  # rows per UNLOGGED batch (100 x ~60 bytes: far below the 64 KiB size warning)
 IN_FLIGHT = 200  # batches in the air at once
-TIMEOUT = 30.0  # seconds per request
-# The driver's default reconnection policy doubles its delay up to 600 s: after a Cassandra
-# restart of ~16 s the next attempt came ~15 s after the node was back (the worker's retried
-# unit and the replicas' watermark watcher waited for it; tests/distributed/test_crash.py).
-RECONNECT_DELAYS = (0.5, 5.0)  # seconds: first delay, longest delay between attempts
-
-MAILBOX_TABLE = """
-CREATE TABLE IF NOT EXISTS {ks}.mailbox (
-    tenant text, user_id text, pos bigint,
-    conversation_seq bigint, conversation_id text, flags int,
-    PRIMARY KEY ((tenant, user_id), pos)
-) WITH CLUSTERING ORDER BY (pos ASC) AND ID = {id}"""
-
 INSERT_ENTRY = (
     "INSERT INTO {ks}.mailbox (tenant, user_id, pos, conversation_seq, conversation_id, flags) "
     "VALUES (?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"  # the message's log position (stamps.py)
@@ -92,102 +74,15 @@ def grouped(rows: Iterable[Row], size: int, keyspace: str) -> Iterator[tuple[Bat
         yield batch, None
 
 
-class _GroupedBatchWarnings(logging.Filter):
-    """The driver logs every server warning; an UNLOGGED batch of members (one partition
-    each) is warned about by design (unlogged_batch_across_partitions_warn_threshold):
-    that one is dropped, one per batch would flood the log."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (
-            record.args and "Unlogged batch covering" in str(record.args[0] if isinstance(record.args, tuple) else "")
-        )
-
-
-_protocol_log = logging.getLogger("cassandra.protocol")
-if not any(isinstance(f, _GroupedBatchWarnings) for f in _protocol_log.filters):
-    _protocol_log.addFilter(_GroupedBatchWarnings())
-
-
-def table_id(keyspace: str, table: str) -> uuid.UUID:
-    """A table id derived from its name: two processes creating the same table at once
-    (CREATE ... IF NOT EXISTS on two coordinators) create the same table, not two."""
-    return uuid.uuid5(uuid.NAMESPACE_URL, f"fanout/{keyspace}/{table}")
-
-
-def _connection_class(reactor: str) -> Any:
-    """libev (the default): the asyncio reactor let the process exit at once after
-    shutdown() (libev's atexit joins its loop thread for up to 5 s), but it failed 3 of 4
-    100k-member fan-outs with "CRC mismatch on header" (protocol 5 framing) where libev
-    failed none: a slower exit beats a mailbox write that cannot land. ADR-0014."""
-    if reactor == "libev":
-        from cassandra.io.libevreactor import LibevConnection
-
-        return LibevConnection
-    if reactor != "asyncio":
-        raise ValueError(f"reactor={reactor!r}: asyncio or libev")
-    return AsyncioConnection
-
-
-def open_cluster(
-    hosts: Iterable[str], port: int, datacenter: str, consistency: str, reactor: str = "libev"
-) -> tuple[Cluster, Session]:
-    """A cluster of protocol 5, token-aware routing over the local datacenter, the
-    settings' consistency for reads and writes, rows as dicts; the reactor: see
-    _connection_class."""
-    profile = ExecutionProfile(
-        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=datacenter)),
-        consistency_level=ConsistencyLevel.name_to_value[consistency],
-        request_timeout=TIMEOUT,
-        row_factory=dict_factory,
-    )
-    cluster = Cluster(
-        list(hosts),
-        port=port,
-        protocol_version=5,
-        execution_profiles={EXEC_PROFILE_DEFAULT: profile},
-        connection_class=_connection_class(reactor),
-        reconnection_policy=ExponentialReconnectionPolicy(*RECONNECT_DELAYS),
-    )
-    try:
-        return cluster, cluster.connect()
-    except BaseException:
-        cluster.shutdown()
-        raise
-
-
-def create_keyspace(session: Session, keyspace: str, replication: int, datacenter: str, tables: list[str]) -> None:
-    """The keyspace and `tables` (CQL with {ks} and {id}, {name} for the id) if absent:
-    idempotent, harmless when two processes race; waits for schema agreement."""
-    if datacenter and replication > 1:
-        strategy = f"{{'class': 'NetworkTopologyStrategy', '{datacenter}': {replication}}}"
-    else:
-        strategy = f"{{'class': 'SimpleStrategy', 'replication_factor': {replication}}}"
-    session.execute(f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {strategy}", timeout=120)
-    for name, ddl in tables_by_name(tables):
-        session.execute(ddl.format(ks=keyspace, id=table_id(keyspace, name)), timeout=120)
-    # Session.wait_for_schema_agreement reads schema_version as an attribute: with rows
-    # as dicts it never agrees (scylla-driver 3.29); the control connection's check works.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        agreed = session.cluster.control_connection.wait_for_schema_agreement(wait_time=60)
-    if not agreed:
-        raise RuntimeError(f"Cassandra: no schema agreement on keyspace {keyspace} within 60 s")
-
-
-def tables_by_name(tables: list[str]) -> Iterator[tuple[str, str]]:
-    for ddl in tables:
-        head = ddl.split("(", 1)[0].split()
-        yield head[-1].split(".")[-1], ddl
-
-
 class CassandraMailbox:
-    """A MailboxStore on Cassandra. Give it a session (shared with other stores; then
-    close() leaves the cluster open) or open one with `connect`."""
+    """A MailboxStore on Cassandra. Give it a session (shared with the views: close() then
+    leaves the Cluster to its owner) or open one with `from_settings` / `connect`."""
 
-    def __init__(self, session: Session, keyspace: str, *, cluster: Cluster | None = None) -> None:
+    def __init__(self, session: Session, keyspace: str, *, connection: Connection | None = None) -> None:
+        """`connection`: the session's Connection when this store owns it (close() closes it)."""
         self.session = session
         self.keyspace = keyspace
-        self._cluster = cluster  # shut down by close() when this store opened it
+        self._connection = connection
         ks = keyspace
         self._insert: PreparedStatement = session.prepare(INSERT_ENTRY.format(ks=ks))
         self._read: PreparedStatement = session.prepare(
@@ -207,27 +102,20 @@ class CassandraMailbox:
         datacenter: str = "datacenter1",
         reactor: str = "libev",
     ) -> CassandraMailbox:
-        """Open a cluster, create the keyspace and the table if absent."""
-        cluster, session = open_cluster(hosts, port, datacenter, consistency, reactor)
-        try:
-            create_keyspace(session, keyspace, replication, datacenter, [MAILBOX_TABLE])
-            return cls(session, keyspace, cluster=cluster)
-        except BaseException:
-            cluster.shutdown()
-            raise
+        """A mailbox on a session of its own (the keyspace and the table created if absent)."""
+        settings = ClusterSettings(tuple(hosts), port, keyspace, replication, consistency, datacenter)
+        return cls.from_settings(settings, reactor=reactor)
 
     @classmethod
-    def from_settings(cls, settings: Any) -> CassandraMailbox:
-        """From an object with hosts, port, keyspace, replication, consistency, datacenter
-        (fanout.urls.CassandraSettings)."""
-        return cls.connect(
-            settings.hosts,
-            settings.port,
-            settings.keyspace,
-            replication=settings.replication,
-            consistency=settings.consistency,
-            datacenter=settings.datacenter,
-        )
+    def from_settings(cls, settings: Any, *, reactor: str = "libev") -> CassandraMailbox:
+        """A mailbox on a session of its own (connect.open_session: the keyspace and the table
+        created if absent), which it owns; `settings`: fanout.urls.CassandraSettings."""
+        connection = open_session(settings, tables=(MAILBOX_TABLE,), reactor=reactor)
+        try:
+            return cls(connection.session, settings.keyspace, connection=connection)
+        except BaseException:
+            connection.close()
+            raise
 
     # -- writing -------------------------------------------------------------------
 
@@ -257,7 +145,7 @@ class CassandraMailbox:
             yield batch
 
     def write(self, tenant: str, refs: MessageRefs) -> int:
-        run(self.session, ((b, None) for b in self.batches(tenant, refs)))
+        run(self.session, ((b, None) for b in self.batches(tenant, refs)), IN_FLIGHT)
         return sum(len(users) for users in refs.shards.values())
 
     # -- reading -------------------------------------------------------------------
@@ -293,11 +181,6 @@ class CassandraMailbox:
         pass  # the driver reconnects by itself; the projector's retry writes the same upserts
 
     def close(self) -> None:
-        if self._cluster is not None:
-            self._cluster.shutdown()
-            self._cluster = None
-
-
-def run(session: Session, statements: Iterable[tuple[Any, Any]], concurrency: int = IN_FLIGHT) -> None:
-    """Execute statements with at most `concurrency` in flight; the first error raises."""
-    execute_concurrent(session, statements, concurrency=concurrency, raise_on_first_error=True)
+        """Close the Connection if this store owns it (a borrowed session stays open); closing again is harmless."""
+        if self._connection is not None:
+            self._connection.close()

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.cassandra.mailbox import MAILBOX_TABLE, CassandraMailbox
+from adapters.cassandra.mailbox import CassandraMailbox
+from adapters.cassandra.schema import MAILBOX_TABLE
 from adapters.memory import MemoryMailbox
 from adapters.rocksdb.mailbox import RocksMailbox, ShardCountMismatch
 from adapters.sqlite.mailbox import SqliteMailbox

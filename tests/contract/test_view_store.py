@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
-from adapters.cassandra.mailbox import MAILBOX_TABLE, CassandraMailbox
-from adapters.cassandra.views import NO_SEQ, TABLES, CassandraViews, create_schema, open_cluster
+from adapters.cassandra.connect import open_cluster
+from adapters.cassandra.mailbox import CassandraMailbox
+from adapters.cassandra.schema import MAILBOX_TABLE, TABLES, create_schema
+from adapters.cassandra.views import NO_SEQ, CassandraViews
 from adapters.memory import MemoryViews
 from fanout.bootstrap import open_views
 from fanout.urls import cassandra_settings
@@ -408,7 +410,7 @@ class CassandraKeyspace:
         c = cassandra_settings(self.url)
         self.settings = c
         self.cluster, self.session = open_cluster(c.hosts, c.port, c.datacenter, c.consistency)
-        create_schema(self.session, c.keyspace, c.replication, c.datacenter, list(tables))
+        create_schema(self.session, c.keyspace, c.replication, c.datacenter, tables)
         self.keyspace = c.keyspace
         rows = self.session.execute(
             "SELECT table_name, column_name, kind FROM system_schema.columns WHERE keyspace_name=%s", (c.keyspace,)
