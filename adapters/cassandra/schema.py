@@ -70,6 +70,24 @@ CREATE TABLE IF NOT EXISTS {ks}.mailbox (
 ALL_TABLES: tuple[str, ...] = (*TABLES, MAILBOX_TABLE)  # the views' tables and the mailbox's
 
 
+# The tables each part of the views writes (the mailbox is a table of the keyspace here).
+PART_TABLES: dict[str, tuple[str, ...]] = {
+    "mailbox": ("mailbox",),
+    "state": ("conversation_states", "user_states", "login_index"),
+    "heads": (
+        "heads",
+        "heads_by_aggregate",
+        "heads_by_tenant",
+        "messages",
+        "broadcasts",
+        "delivery",
+        "reviews",
+        "reviews_by_tenant",
+        "tiers",
+    ),
+}
+
+
 def table_id(keyspace: str, table: str) -> uuid.UUID:
     """A table id derived from its name: two processes creating the same table at once
     (CREATE ... IF NOT EXISTS on two coordinators) create the same table, not two."""

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from cassandra.cluster import Session
@@ -38,8 +38,19 @@ from adapters.cassandra.mailbox import INSERT_ENTRY, CassandraMailbox, Row, grou
 from adapters.cassandra.schema import TABLES
 from adapters.cassandra.stamps import stamp
 from projections.ports import ALL_PARTS, LogPosition, MailboxEntry, MailboxStore, MessageRefs
-from projections.state import Session as LoginSession
-from projections.state import SessionHead, SessionState, UserConversationState, sessions_by_two_reads
+from projections.rows import (
+    DELIVERY_RECORD,
+    HEAD_COLUMNS,
+    MESSAGE_COLUMNS,
+    STATE_COLUMNS,
+    delivery_cells,
+    delivery_dict,
+    head_cells,
+    head_dict,
+    message_cells,
+    message_dict,
+)
+from projections.state import SessionHead, SessionItem, SessionState, UserConversationState, sessions_by_two_reads
 
 BATCH_ROWS = 100  # rows per UNLOGGED batch
 MEMBER_BATCH_ROWS = 250  # rows per batch of round A (member-keyed rows: one partition each)
@@ -52,7 +63,6 @@ IN_FLIGHT = 200  # requests in the air at once
 PUSH_COUNTS_KEPT = 10_000  # messages whose push count a replica remembers (a message is pushed at once)
 HEADS_PER_READ = 100  # conversation heads read by one request of the login's batched read
 
-STATE_COLUMNS = tuple(f.name for f in fields(UserConversationState))  # UserConversationState.row() order
 # A null written by an INSERT is a tombstone: two per member row (no gap is the common case) made
 # a 100k-member partition 200k tombstones, read on every load of the conversation, and that was
 # what ran Cassandra out of heap in the crash tests. "No value" is stored as -1 (seqs are >= 0).
@@ -80,20 +90,6 @@ def _state_row(r: Any) -> dict[str, Any]:
     return row
 
 
-HEAD_COLUMNS = (
-    "aggregate_id",
-    "title",
-    "latest_conversation_seq",
-    "last_activity_id",
-    "last_activity_at",
-    "preview",
-    "member_count",
-    "size_bucket",
-    "write_policy",
-    "broadcasts",
-    "created_at",
-    "position",
-)
 SizedRow = tuple[PreparedStatement, tuple[Any, ...], int]  # a statement, its values, its estimated bytes
 
 
@@ -351,16 +347,15 @@ class CassandraViews:
                 f"INSERT INTO {ks}.heads_by_tenant (tenant, conversation_id, size_bucket) VALUES (?, ?, ?) {ts}"
             ),
             "message": p(
-                f"INSERT INTO {ks}.messages (tenant, conversation_id, conversation_seq, message_id, sender, text, "
-                f"mentions, mention_all, reply_to_seq, announcement, sent_at, pos) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) {ts}"
+                f"INSERT INTO {ks}.messages (tenant, {', '.join(MESSAGE_COLUMNS)}) "
+                f"VALUES (?, {', '.join('?' * len(MESSAGE_COLUMNS))}) {ts}"
             ),
             "broadcast": p(
                 f"INSERT INTO {ks}.broadcasts (tenant, conversation_id, conversation_seq) VALUES (?, ?, ?) {ts}"
             ),
             "delivery": p(
-                f"INSERT INTO {ks}.delivery (tenant, conversation_id, conversation_seq, message_id, write_policy, "
-                "member_count, mailbox_entries, shards, body_bytes, pos, materialized_at) "
-                f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) {ts}"
+                f"INSERT INTO {ks}.delivery (tenant, conversation_id, conversation_seq, {', '.join(DELIVERY_RECORD)}, "
+                f"materialized_at) VALUES (?, ?, ?, {', '.join('?' * len(DELIVERY_RECORD))}, ?) {ts}"
             ),
             "conv_state": p(
                 f"INSERT INTO {ks}.conversation_states (tenant, conversation_id, user_id, {state_cols}) "
@@ -590,28 +585,14 @@ class CassandraViews:
             x.rows.append(
                 (
                     ps["message"],
-                    (
-                        tenant,
-                        cid,
-                        seq,
-                        m["message_id"],
-                        m["sender"],
-                        m["text"],
-                        json.dumps(m["mentions"]),
-                        bool(m["mention_all"]),
-                        m["reply_to_seq"],
-                        bool(m["announcement"]),
-                        m["sent_at"],
-                        m["pos"],
-                        ts,
-                    ),
+                    (tenant, *message_cells(m), ts),
                     ROW_BYTES + len(m["text"].encode()),
                 )
             )
             if m["mention_all"] or m["announcement"]:
                 x.rows.append((ps["broadcast"], (tenant, cid, seq, ts), ROW_BYTES))
         for (t, c), h in w.heads.items():
-            values = (t, c, *(_head_value(h, k) for k in HEAD_COLUMNS), ts_of(t, c))
+            values = (t, c, *head_cells(h), ts_of(t, c))
             text = f"{h.get('title') or ''}{h.get('preview') or ''}"
             conv(t, c).head = (ps["head"], values, ROW_BYTES + len(text.encode()))
         return members, convs
@@ -624,20 +605,7 @@ class CassandraViews:
             convs.setdefault((t, c), _Conversation()).rows.append(
                 (
                     ps["delivery"],
-                    (
-                        t,
-                        c,
-                        q,
-                        r["message_id"],
-                        r["write_policy"],
-                        r["member_count"],
-                        r["mailbox_entries"],
-                        r["shards"],
-                        r["body_bytes"],
-                        r["pos"],
-                        at,
-                        ts_of(t, c),
-                    ),
+                    (t, c, q, *delivery_cells(r), at, ts_of(t, c)),
                     ROW_BYTES,
                 )
             )
@@ -710,7 +678,7 @@ class CassandraViews:
 
     def head(self, tenant: str, conversation_id: str) -> dict[str, Any] | None:
         row = self.session.execute(self._r["head"], (tenant, conversation_id)).one()
-        return dict(row) if row is not None else None
+        return head_dict(row) if row is not None else None
 
     def heads(self, tenant: str, conversation_ids: Sequence[str], batch: int) -> Iterator[list[SessionHead]]:
         """One batched read: the heads' partitions, HEADS_PER_READ to a request (`IN` on the
@@ -730,10 +698,10 @@ class CassandraViews:
         for i in range(0, len(rows), batch):
             yield rows[i : i + batch]
 
-    def sessions(self, tenant: str, user_id: str, batch: int) -> Iterator[list[LoginSession]]:
+    def sessions(self, tenant: str, user_id: str, batch: int) -> Iterator[list[SessionItem]]:
         return sessions_by_two_reads(self, tenant, user_id, batch)
 
-    def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[LoginSession], bool] | None:
+    def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[SessionItem], bool] | None:
         """The first list from the login index (ADR-0028): (the sessions of every
         conversation whose last activity is in the index hours read, most recent first;
         whether that is all of the user's), or None when the index has no row for the user or
@@ -797,7 +765,7 @@ class CassandraViews:
         head = head_f.result().one()
         states = {r["user_id"]: UserConversationState.from_row(_state_row(r)) for r in states_f.result()}
         broadcasts = [r["conversation_seq"] for r in casts_f.result()]
-        return (dict(head) if head is not None else None), states, broadcasts
+        return (head_dict(head) if head is not None else None), states, broadcasts
 
     # -- members -------------------------------------------------------------------------
 
@@ -823,13 +791,14 @@ class CassandraViews:
 
     def message(self, tenant: str, conversation_id: str, seq: int) -> dict[str, Any] | None:
         row = self.session.execute(self._r["message"], (tenant, conversation_id, seq)).one()
-        return _message(row) if row is not None else None
+        return message_dict(row) if row is not None else None
 
     def messages(self, tenant: str, conversation_id: str, after_seq: int, limit: int) -> list[dict[str, Any]]:
         if limit <= 0:
             return []
         return [
-            _message(r) for r in self.session.execute(self._r["messages"], (tenant, conversation_id, after_seq, limit))
+            message_dict(r)
+            for r in self.session.execute(self._r["messages"], (tenant, conversation_id, after_seq, limit))
         ]
 
     def delivery(self, tenant: str, conversation_id: str, seq: int) -> dict[str, Any] | None:
@@ -842,7 +811,7 @@ class CassandraViews:
         counts = [r["pushes"] for r in pushes_f.result()]
         if row is None:
             return None
-        out = dict(row)
+        out = delivery_dict(row)
         if counts:
             out["online_pushes"] = sum(counts)
         return out
@@ -878,23 +847,3 @@ class CassandraViews:
 def _json(body: dict[str, Any]) -> dict[str, Any]:
     """A JSON body as a store of JSON text gives it back (tuples become lists, keys strings)."""
     return dict(json.loads(json.dumps(body)))
-
-
-def _head_value(head: dict[str, Any], column: str) -> Any:
-    value = head.get(column)
-    return str(value) if column == "aggregate_id" and value is not None else value
-
-
-def _message(r: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "conversation_id": r["conversation_id"],
-        "conversation_seq": r["conversation_seq"],
-        "message_id": r["message_id"],
-        "sender": r["sender"],
-        "text": r["text"],
-        "mentions": json.loads(r["mentions"]),
-        "mention_all": bool(r["mention_all"]),
-        "reply_to_seq": r["reply_to_seq"],
-        "announcement": bool(r["announcement"]),
-        "sent_at": r["sent_at"],
-    }

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from projections.ports import StaleAside, StoreDiff
+from projections.rows import DELIVERY_KEY, DELIVERY_RUNTIME
 
 VIEWS_FILE = "views.sqlite"
 MAILBOX_DIR = "mailbox.rocksdb"
@@ -41,8 +42,7 @@ PART_TABLES: dict[str, tuple[str, ...]] = {
 TABLES: tuple[str, ...] = ("heads", "messages", "states", "delivery", "reviews", "tiers")
 
 # Runtime facts, not derived from the log: ignored by verify, carried over by rebuild.
-RUNTIME_COLUMNS = {"delivery": ("materialized_at", "online_pushes")}
-DELIVERY_KEY = ("tenant", "conversation_id", "conversation_seq")
+RUNTIME_COLUMNS = {"delivery": DELIVERY_RUNTIME}
 TRACKED = "delivery"  # the projection whose position says how far the views are
 
 

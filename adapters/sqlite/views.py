@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import fields
 from itertools import groupby
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,19 @@ from uuid import UUID
 from adapters.sqlite.connect import connect
 from projections.ports import ALL_PARTS as ALL_PARTS  # the parts a unit of work writes
 from projections.ports import LogPosition, MailboxEntry, MailboxStore, MessageRefs
-from projections.state import Session, SessionHead, SessionState, UserConversationState
+from projections.rows import (
+    DELIVERY_RECORD,
+    HEAD_COLUMNS,
+    MESSAGE_COLUMNS,
+    STATE_COLUMNS,
+    delivery_cells,
+    delivery_dict,
+    head_cells,
+    head_dict,
+    message_cells,
+    message_dict,
+)
+from projections.state import SessionHead, SessionItem, SessionState, UserConversationState
 
 VIEWS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS tracking (
@@ -99,24 +110,6 @@ def migrate_views(con: sqlite3.Connection) -> None:
             con.execute("DROP TABLE tracking_v2")
     con.executescript(VIEWS_SCHEMA)
     con.execute(f"PRAGMA user_version = {VIEWS_SCHEMA_VERSION}")
-
-
-STATE_COLUMNS = tuple(f.name for f in fields(UserConversationState))  # UserConversationState.row() order
-
-HEAD_COLUMNS = (
-    "aggregate_id",
-    "title",
-    "latest_conversation_seq",
-    "last_activity_id",
-    "last_activity_at",
-    "preview",
-    "member_count",
-    "size_bucket",
-    "write_policy",
-    "broadcasts",
-    "created_at",
-    "position",
-)
 
 
 class ReadPool:
@@ -195,28 +188,16 @@ class SqliteWriter:
         self.con.execute(
             f"INSERT OR REPLACE INTO heads (tenant, conversation_id, {', '.join(HEAD_COLUMNS)}) "
             f"VALUES (?, ?, {', '.join('?' * len(HEAD_COLUMNS))})",
-            (tenant, conversation_id, *(head.get(c) for c in HEAD_COLUMNS)),
+            (tenant, conversation_id, *head_cells(head)),
         )
 
     def put_message(self, tenant: str, conversation_id: str, m: dict[str, Any]) -> None:
         if "heads" not in self.parts:
             return
         self.con.execute(
-            "INSERT OR REPLACE INTO messages VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                tenant,
-                conversation_id,
-                m["conversation_seq"],
-                m["message_id"],
-                m["sender"],
-                m["text"],
-                json.dumps(m["mentions"]),
-                int(m["mention_all"]),
-                m["reply_to_seq"],
-                int(m["announcement"]),
-                m["sent_at"],
-                m["pos"],
-            ),
+            f"INSERT OR REPLACE INTO messages (tenant, {', '.join(MESSAGE_COLUMNS)}) "
+            f"VALUES (?, {', '.join('?' * len(MESSAGE_COLUMNS))})",
+            (tenant, *message_cells(m)),
         )
 
     def put_mailbox(self, tenant: str, refs: MessageRefs) -> None:
@@ -264,20 +245,10 @@ class SqliteWriter:
     def put_delivery(self, tenant: str, conversation_id: str, seq: int, r: dict[str, Any]) -> None:
         if "heads" not in self.parts:
             return
-        self.con.execute(
-            "INSERT OR REPLACE INTO delivery VALUES (?,?,?,?,?,?,?,?,?,?,NULL,NULL)",
-            (
-                tenant,
-                conversation_id,
-                seq,
-                r["message_id"],
-                r["write_policy"],
-                r["member_count"],
-                r["mailbox_entries"],
-                r["shards"],
-                r["body_bytes"],
-                r["pos"],
-            ),
+        self.con.execute(  # the runtime facts start NULL (REPLACE deletes the row it replaces)
+            f"INSERT OR REPLACE INTO delivery (tenant, conversation_id, conversation_seq, {', '.join(DELIVERY_RECORD)}) "
+            f"VALUES (?, ?, ?, {', '.join('?' * len(DELIVERY_RECORD))})",
+            (tenant, conversation_id, seq, *delivery_cells(r)),
         )
         self.deliveries.append((tenant, conversation_id, seq))
 
@@ -457,9 +428,9 @@ class SqliteViews:
             .execute("SELECT * FROM heads WHERE tenant=? AND conversation_id=?", (tenant, conversation_id))
             .fetchone()
         )
-        return dict(row) if row else None
+        return head_dict(row) if row else None
 
-    def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[Session], bool] | None:
+    def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[SessionItem], bool] | None:
         return None  # one statement: sessions() is the quick way
 
     def heads_by_scope(self, tenant: str, size_bucket: str) -> list[str]:
@@ -511,7 +482,7 @@ class SqliteViews:
             for r in cur
         }
 
-    def sessions(self, tenant: str, user_id: str, batch: int) -> Iterator[list[Session]]:
+    def sessions(self, tenant: str, user_id: str, batch: int) -> Iterator[list[SessionItem]]:
         """The login read in one statement: the user's state rows (a range of the primary
         key) joined to their heads, sorted by SQLite, fetched a batch at a time from one
         cursor (one read snapshot); the personal mentions are counted in SQL. The port
@@ -525,7 +496,7 @@ class SqliteViews:
         )
         width = len(SessionHead._fields)
 
-        def pairs(rows: list[tuple[Any, ...]]) -> list[Session]:
+        def pairs(rows: list[tuple[Any, ...]]) -> list[SessionItem]:
             return [(SessionHead._make(r[:width]), SessionState._make(r[width:])) for r in rows]
 
         con = self._pool.try_acquire()
@@ -611,7 +582,7 @@ class SqliteViews:
             )
             .fetchone()
         )
-        return dict(row) if row else None
+        return delivery_dict(row) if row else None
 
     def review(self, review_id: str) -> dict[str, Any]:
         row = self.reader().execute("SELECT body FROM reviews WHERE review_id=?", (review_id,)).fetchone()
@@ -650,18 +621,3 @@ class SqliteViews:
         con = getattr(self._local, "con", None)
         if con is not None:
             con.close()
-
-
-def message_dict(r: sqlite3.Row) -> dict[str, Any]:
-    return {
-        "conversation_id": r["conversation_id"],
-        "conversation_seq": r["conversation_seq"],
-        "message_id": r["message_id"],
-        "sender": r["sender"],
-        "text": r["text"],
-        "mentions": json.loads(r["mentions"]),
-        "mention_all": bool(r["mention_all"]),
-        "reply_to_seq": r["reply_to_seq"],
-        "announcement": bool(r["announcement"]),
-        "sent_at": r["sent_at"],
-    }
