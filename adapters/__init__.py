@@ -1,2 +1,3 @@
-"""Engine adapters of the ports: one module per technology (SQLite, RocksDB, in-memory;
-PostgreSQL, Kafka and Cassandra come with the distributed runtime)."""
+"""Engine adapters of the ports: one package per engine (cassandra/, sqlite/, rocksdb/) and
+the in-memory backend (memory.py). Modules of one package may import each other; an
+adapter never imports another engine's (tests/unit/test_layering.py)."""

@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from projections.ports import ALL_PARTS, LogPosition, MailboxEntry, MessageRefs
-from projections.state import Session, SessionHead, UserConversationState, sessions_by_two_reads
+from projections.rows import HEAD_COLUMNS, delivery_dict, head_dict, message_dict
+from projections.state import SessionHead, SessionItem, UserConversationState, sessions_by_two_reads
 
 Key = tuple[str, str]  # (tenant, conversation_id)
 
@@ -111,7 +112,11 @@ class MemoryWriter:
         self.ops.append(lambda v: v.capacity.__setitem__(name, stored))
 
     def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any]) -> None:
-        row = {**copy.deepcopy(head), "tenant": tenant, "conversation_id": conversation_id}
+        row = {
+            "tenant": tenant,
+            "conversation_id": conversation_id,
+            **{c: copy.deepcopy(head.get(c)) for c in HEAD_COLUMNS},
+        }
         self._queue("heads", lambda v: v.put_head_row(row))
 
     def put_message(self, tenant: str, conversation_id: str, message: dict[str, Any]) -> None:
@@ -275,9 +280,9 @@ class MemoryViews:
     def head(self, tenant: str, conversation_id: str) -> dict[str, Any] | None:
         with self._lock:
             row = self.heads_rows.get((tenant, conversation_id))
-            return dict(row) if row is not None else None
+            return head_dict(row) if row is not None else None
 
-    def sessions(self, tenant: str, user_id: str, batch: int) -> Iterator[list[Session]]:
+    def sessions(self, tenant: str, user_id: str, batch: int) -> Iterator[list[SessionItem]]:
         return sessions_by_two_reads(self, tenant, user_id, batch)
 
     def heads(self, tenant: str, conversation_ids: Sequence[str], batch: int) -> Iterator[list[SessionHead]]:
@@ -288,7 +293,7 @@ class MemoryViews:
         for i in range(0, len(rows), batch):
             yield rows[i : i + batch]
 
-    def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[Session], bool] | None:
+    def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[SessionItem], bool] | None:
         return None  # dicts in memory: sessions() is the quick way
 
     def heads_by_scope(self, tenant: str, size_bucket: str) -> list[str]:
@@ -332,19 +337,19 @@ class MemoryViews:
     def message(self, tenant: str, conversation_id: str, seq: int) -> dict[str, Any] | None:
         with self._lock:
             m = self.message_rows.get((tenant, conversation_id), {}).get(seq)
-            return _message(m) if m is not None else None
+            return message_dict(m) if m is not None else None
 
     def messages(self, tenant: str, conversation_id: str, after_seq: int, limit: int) -> list[dict[str, Any]]:
         with self._lock:
             msgs = self.message_rows.get((tenant, conversation_id), {})
-            return [_message(msgs[q]) for q in sorted(q for q in msgs if q > after_seq)[:limit]]
+            return [message_dict(msgs[q]) for q in sorted(q for q in msgs if q > after_seq)[:limit]]
 
     def delivery(self, tenant: str, conversation_id: str, seq: int) -> dict[str, Any] | None:
         with self._lock:
             row = self.delivery_rows.get((tenant, conversation_id, seq))
             if row is None:
                 return None
-            return {"tenant": tenant, "conversation_id": conversation_id, "conversation_seq": seq, **row}
+            return delivery_dict({"tenant": tenant, "conversation_id": conversation_id, "conversation_seq": seq, **row})
 
     def mailbox_page(self, tenant: str, user_id: str, after: int, limit: int) -> list[MailboxEntry]:
         return self.mailbox.read(tenant, user_id, after, self.low_watermark("delivery"), limit)
@@ -374,8 +379,3 @@ class MemoryViews:
 def _json(body: dict[str, Any]) -> dict[str, Any]:
     """A JSON body as a store of JSON text gives it back (tuples become lists, keys strings)."""
     return dict(json.loads(json.dumps(body)))
-
-
-def _message(m: dict[str, Any]) -> dict[str, Any]:
-    """A message as the views answer it (without the log position)."""
-    return {k: (list(v) if k == "mentions" else v) for k, v in m.items() if k != "pos"}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from adapters.cassandra_mailbox import BATCH_ROWS, IN_FLIGHT, CassandraMailbox  # noqa: E402
+from adapters.cassandra.mailbox import BATCH_ROWS, IN_FLIGHT, CassandraMailbox  # noqa: E402
 from fanout.urls import cassandra_settings  # noqa: E402
 from projections.ports import MessageRefs  # noqa: E402
 from projections.sharding import shard_of  # noqa: E402

@@ -13,7 +13,7 @@ many more). The admission gates and the backpressure limits are opened wide.
 
 1. --preload N: N mailbox entries for other users (pre0000000...) of other conversations are
    written into the keyspace's mailbox table first, with the project's grouped writer
-   (adapters/cassandra_mailbox.py: UNLOGGED batches of 100 rows, 200 in flight), one
+   (adapters/cassandra/mailbox.py: UNLOGGED batches of 100 rows, 200 in flight), one
    --preload-users-member message after another, printing progress and the rate.
 2. The relay, --workers workers and (with --http) `fanout serve` start as subprocesses; the
    --members group is built through this process's own replica (bulk member adds).
@@ -65,7 +65,8 @@ from distributed_common import (  # noqa: E402
     watch_fleet,
 )
 
-from adapters.cassandra_mailbox import IN_FLIGHT, CassandraMailbox, open_cluster  # noqa: E402
+from adapters.cassandra.connect import open_cluster  # noqa: E402
+from adapters.cassandra.mailbox import IN_FLIGHT, CassandraMailbox  # noqa: E402
 from fanout.bootstrap import bootstrap_distributed  # noqa: E402
 from fanout.config import load_settings  # noqa: E402
 from fanout.urls import CassandraSettings, cassandra_settings  # noqa: E402
@@ -138,7 +139,7 @@ def naive_writer(c: CassandraSettings, members: list[str], messages: int, part: 
             "unread counter, PRIMARY KEY ((tenant, user_id), conversation_id))",
             timeout=120,
         )
-        with warnings.catch_warnings():  # as adapters/cassandra_mailbox.py create_keyspace does
+        with warnings.catch_warnings():  # as adapters/cassandra/schema.py create_schema does
             warnings.simplefilter("ignore", DeprecationWarning)
             session.cluster.control_connection.wait_for_schema_agreement(wait_time=60)
         insert = session.prepare(

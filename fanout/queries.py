@@ -14,7 +14,7 @@ from domain.errors import InvalidArgument, NotAMember, NotFound
 from domain.params import Parameters, SizeBucket
 from domain.policy import alpha_of, equivalent_threshold, meets_enter_criterion, read_diffusion_saving
 from projections.ports import ViewReader
-from projections.state import Session, session_item
+from projections.state import SessionItem, session_item
 
 SESSION_BATCH = 500
 MAX_PAGE = 1000
@@ -46,7 +46,7 @@ class Queries:
             ]
             yield {"type": "SESSION_LIST_BATCH", "sessions": sessions, "big_group_heads": big, "last": last}
 
-    def _session_lists(self, tenant: str, user_id: str, size: int) -> Iterator[tuple[list[Session], bool]]:
+    def _session_lists(self, tenant: str, user_id: str, size: int) -> Iterator[tuple[list[SessionItem], bool]]:
         """(a list of sessions, whether it is the last), at least one (empty when the user
         has no conversation). The first list the store's quick way when it has one (the
         login index, ADR-0028): it goes out before the rest (every state, every head) is
@@ -63,7 +63,7 @@ class Queries:
             rest = [s for s in rest if s[0].conversation_id not in sent]
             yield from _marked_last(rest, size)
             return
-        pending: list[Session] | None = None
+        pending: list[SessionItem] | None = None
         for part in self.views.sessions(tenant, user_id, size):
             if pending is not None:
                 yield pending, False
@@ -225,7 +225,7 @@ def _check_page(after: int, limit: int) -> None:
         raise InvalidArgument(f"limit must be an integer from 1 to {MAX_PAGE}", field="limit")
 
 
-def _marked_last(items: list[Session], size: int) -> Iterator[tuple[list[Session], bool]]:
+def _marked_last(items: list[SessionItem], size: int) -> Iterator[tuple[list[SessionItem], bool]]:
     """`items` in lists of `size` (one empty list when none), each with whether it is the last."""
     lists = [items[i : i + size] for i in range(0, len(items), size)] or [[]]
     return ((part, i == len(lists) - 1) for i, part in enumerate(lists))

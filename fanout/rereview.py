@@ -60,7 +60,7 @@ class MailboxMeter(MailboxStore):
 
     def observe(self, seconds: float, entries: int, largest: int) -> None:
         """A view store that writes the entries itself (Cassandra: with the unit's first
-        round, adapters/cassandra_views.py) reports that round's time, its entries and the
+        round, adapters/cassandra/views.py) reports that round's time, its entries and the
         largest message's: counted as a write of them (the O(N) writes only, as `write`)."""
         if largest >= self.at_least:
             self.seconds += seconds

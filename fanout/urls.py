@@ -131,7 +131,7 @@ class CassandraSettings:
     replication: int = 1
     consistency: str = "LOCAL_ONE"
     datacenter: str = "datacenter1"
-    in_flight: int = 200  # requests in the air while a unit of work commits (adapters.cassandra_views.IN_FLIGHT)
+    in_flight: int = 200  # requests in the air while a unit of work commits (adapters.cassandra.views.IN_FLIGHT)
 
 
 def cassandra_settings(url: str, name: str = "FANOUT_VIEWS") -> CassandraSettings:

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from projections.state import Session as Session
 from projections.state import SessionHead as SessionHead  # the login's head record, beside session_item
+from projections.state import SessionItem as SessionItem
 from projections.state import UserConversationState
 
 # (user_id, pos, conversation_seq, conversation_id, flags): one UserMailboxEntry
@@ -167,14 +167,14 @@ class ViewReader(Protocol):
         first (then by conversation id), in lists of at most `batch`: one batched read
         (a multi-partition read in CQL), produced lazily."""
 
-    def sessions(self, tenant: str, user_id: str, batch: int) -> Iterator[list[Session]]:
+    def sessions(self, tenant: str, user_id: str, batch: int) -> Iterator[list[SessionItem]]:
         """The login read (ADR section 3): each conversation of the user with its head,
         most recent activity first (then by conversation id), in lists of at most
         `batch`, produced lazily; never a read per conversation. A store without joins
         answers it with `projections.state.sessions_by_two_reads` (its states, then one
         batched read of their heads); SQLite answers it with one statement."""
 
-    def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[Session], bool] | None:
+    def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[SessionItem], bool] | None:
         """The login's first list the quick way, when the store has one (Cassandra's login
         index, ADR-0028): at least `batch` of the user's sessions in `sessions()` order,
         exactly the first ones of it, and whether they are all of them; None when it has no

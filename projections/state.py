@@ -100,10 +100,10 @@ class SessionState(NamedTuple):
         )
 
 
-Session = tuple[SessionHead, SessionState]
+SessionItem = tuple[SessionHead, SessionState]  # a login's session item: a head and the state in it
 
 
-def sessions_by_two_reads(reader: Any, tenant: str, user_id: str, batch: int) -> Iterator[list[Session]]:
+def sessions_by_two_reads(reader: Any, tenant: str, user_id: str, batch: int) -> Iterator[list[SessionItem]]:
     """The login read as two reads, for stores without joins (memory, CQL): the user's
     states (one partition), then one batched read of their heads in activity order."""
     states = reader.user_states(tenant, user_id)

@@ -8,7 +8,7 @@ online push, no review trigger). `rebuild` then swaps the result in; `verify`
 diffs it against the live views.
 
 How a store is swapped in or compared is the engine's (the AsideBuilds port;
-SQLite + RocksDB: adapters/sqlite_rebuild.py). Runtime facts (`delivery.materialized_at`,
+SQLite + RocksDB: adapters/sqlite/rebuild.py). Runtime facts (`delivery.materialized_at`,
 `delivery.online_pushes`) describe the first delivery: a rebuild carries the live
 values over, verify ignores them."""
 

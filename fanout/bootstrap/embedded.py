@@ -16,8 +16,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from adapters.rocksdb_mailbox import RocksMailbox, ShardCountMismatch
-from adapters.sqlite_views import SqliteViews
+from adapters.rocksdb.mailbox import RocksMailbox, ShardCountMismatch
+from adapters.sqlite.views import SqliteViews
 from domain.params import Parameters
 from fanout.application import FanoutApplication
 from fanout.config import ConfigError, Settings

@@ -17,19 +17,23 @@ from projections.ports import ViewStore
 from streams.routing import conversation_partition
 
 if TYPE_CHECKING:  # the engines' clients are imported when the runtime is built
-    from adapters.cassandra_views import CassandraViews
+    from adapters.cassandra.views import CassandraViews
 
 
 def open_cassandra_views(settings: CassandraSettings, *, partitions: int) -> CassandraViews:
-    """The views and the mailbox in Cassandra (keyspace and tables created if absent)."""
-    from adapters.cassandra_mailbox import CassandraMailbox
-    from adapters.cassandra_views import CassandraViews
+    """The views and the mailbox in Cassandra (keyspace and tables created if absent) on ONE
+    session, owned by the views: their close() closes the mailbox, then the Cluster."""
+    from adapters.cassandra.connect import open_session
+    from adapters.cassandra.mailbox import CassandraMailbox
+    from adapters.cassandra.views import CassandraViews
 
-    mailbox = MailboxMeter(CassandraMailbox.from_settings(settings))  # timed: re-review condition 4 (ADR-0026)
+    connection = open_session(settings)
     try:
-        return CassandraViews.from_settings(settings, mailbox, partitions=partitions)
+        mailbox = MailboxMeter(CassandraMailbox(connection.session, settings.keyspace))  # timed: ADR-0026
+        return CassandraViews(connection.session, settings.keyspace, mailbox, partitions=partitions,
+                              in_flight=settings.in_flight, connection=connection)  # fmt: skip
     except BaseException:
-        mailbox.close()
+        connection.close()
         raise
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from adapters.sqlite_rebuild import SqliteAsideBuilds
+from adapters.sqlite.rebuild import SqliteAsideBuilds
 from domain.params import Parameters
 from fanout.application import FanoutApplication
 from fanout.bootstrap.embedded import open_application
@@ -18,8 +18,8 @@ from projections.ports import ALL_PARTS, AsideBuilds, ViewStore
 from streams.embedded import EmbeddedRunner
 
 if TYPE_CHECKING:
-    from adapters.cassandra_rebuild import CassandraAsideBuilds
-    from adapters.cassandra_views import CassandraViews
+    from adapters.cassandra.rebuild import CassandraAsideBuilds
+    from adapters.cassandra.views import CassandraViews
 
 
 def rebuild_host(
@@ -72,7 +72,7 @@ def open_distributed_views(settings: Settings, *, keyspace: str | None = None) -
 
 def cassandra_aside_builds(views: CassandraViews) -> CassandraAsideBuilds:
     """The Cassandra side of `fanout rebuild` / `verify` over the live views' session."""
-    from adapters.cassandra_rebuild import CassandraAsideBuilds
+    from adapters.cassandra.rebuild import CassandraAsideBuilds
 
     return CassandraAsideBuilds(views.session, views.keyspace)
 

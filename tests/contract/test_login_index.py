@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from adapters.cassandra_views import CassandraViews
+from adapters.cassandra.views import CassandraViews
 from adapters.memory import MemoryViews
 from fanout.bootstrap import open_views
 from fanout.clock import FakeClock

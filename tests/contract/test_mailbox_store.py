@@ -12,10 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters.cassandra_mailbox import MAILBOX_TABLE, CassandraMailbox
+from adapters.cassandra.mailbox import CassandraMailbox
+from adapters.cassandra.schema import MAILBOX_TABLE
 from adapters.memory import MemoryMailbox
-from adapters.rocksdb_mailbox import RocksMailbox, ShardCountMismatch
-from adapters.sqlite_views import SqliteMailbox
+from adapters.rocksdb.mailbox import RocksMailbox, ShardCountMismatch
+from adapters.sqlite.mailbox import SqliteMailbox
 from projections.ports import MailboxStore, MessageRefs
 from projections.sharding import shard_of
 from tests.contract.test_view_store import CassandraKeyspace
@@ -161,7 +162,7 @@ class TestCassandraMailbox(MailboxContract):
     def test_a_message_to_many_members_is_written_in_grouped_batches(self) -> None:
         """Thousands of members: every entry lands once, in UNLOGGED batches of
         BATCH_ROWS rows (not a round trip per member), and a second write adds nothing."""
-        from adapters import cassandra_mailbox
+        from adapters.cassandra import mailbox as cassandra_mailbox
 
         store = self.make(Path("unused"))
         users = [f"user{i:05d}" for i in range(5000)]

@@ -84,7 +84,7 @@ class _NoTracking:
 
     def track(self, projection: str, position: int, partition: int = 0) -> None:
         # The tracking row is lost, but the unit still knows the position it applies: a
-        # store stamps the unit's rows with it (Cassandra: adapters/cassandra_stamps.py).
+        # store stamps the unit's rows with it (Cassandra: adapters/cassandra/stamps.py).
         self._w.track_log(partition, position, -1)
 
 
@@ -253,4 +253,4 @@ class TestCassandraViewsReplay(OnCassandra, ProjectionReplayContract, CommitInRo
     """On the running Cassandra: one keyspace for the class, emptied for each store
     (the reference is built, and snapshotted, before any split point's store)."""
 
-    COMMIT_STEPS = ("mailbox", "rows", "heads", "tracking")  # adapters/cassandra_views.py _commit
+    COMMIT_STEPS = ("mailbox", "rows", "heads", "tracking")  # adapters/cassandra/views.py _commit

@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
-from adapters.cassandra_mailbox import MAILBOX_TABLE, CassandraMailbox
-from adapters.cassandra_views import NO_SEQ, TABLES, CassandraViews, create_schema, open_cluster
+from adapters.cassandra.connect import open_cluster
+from adapters.cassandra.mailbox import CassandraMailbox
+from adapters.cassandra.schema import MAILBOX_TABLE, TABLES, create_schema
+from adapters.cassandra.views import NO_SEQ, CassandraViews
 from adapters.memory import MemoryViews
 from fanout.bootstrap import open_views
 from fanout.urls import cassandra_settings
@@ -408,7 +410,7 @@ class CassandraKeyspace:
         c = cassandra_settings(self.url)
         self.settings = c
         self.cluster, self.session = open_cluster(c.hosts, c.port, c.datacenter, c.consistency)
-        create_schema(self.session, c.keyspace, c.replication, c.datacenter, list(tables))
+        create_schema(self.session, c.keyspace, c.replication, c.datacenter, tables)
         self.keyspace = c.keyspace
         rows = self.session.execute(
             "SELECT table_name, column_name, kind FROM system_schema.columns WHERE keyspace_name=%s", (c.keyspace,)
@@ -420,7 +422,7 @@ class CassandraKeyspace:
 
     def clear(self) -> None:
         """Empty every table that has rows. TRUNCATE, not DELETE: the views stamp their
-        writes with log positions above any wall-clock stamp (adapters/cassandra_stamps.py),
+        writes with log positions above any wall-clock stamp (adapters/cassandra/stamps.py),
         so a DELETE at the driver's stamp would not remove them."""
         for table in self.partition_keys:
             if self.session.execute(f"SELECT * FROM {self.keyspace}.{table} LIMIT 1").one() is not None:
@@ -573,8 +575,8 @@ class TestCassandraViews(ViewStoreContract, PartitionedLogContract):
         import time
 
         code = (
-            "from adapters.cassandra_mailbox import CassandraMailbox\n"
-            "from adapters.cassandra_views import CassandraViews\n"
+            "from adapters.cassandra.mailbox import CassandraMailbox\n"
+            "from adapters.cassandra.views import CassandraViews\n"
             "from fanout.urls import cassandra_settings\n"
             f"c = cassandra_settings({fresh_cassandra!r})\n"
             "v = CassandraViews.from_settings(c, CassandraMailbox.from_settings(c))\n"
@@ -593,7 +595,7 @@ def test_views_written_before_the_adr_column_names_are_migrated_in_place(tmp_pat
     rows under the new names, and is marked with the current schema version."""
     import sqlite3
 
-    from adapters.sqlite_views import VIEWS_SCHEMA_VERSION
+    from adapters.sqlite.views import VIEWS_SCHEMA_VERSION
 
     con = sqlite3.connect(tmp_path / "views.sqlite")
     con.execute(

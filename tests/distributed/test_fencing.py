@@ -173,7 +173,7 @@ def run_case(c: Cluster, failpoint: str, change: str) -> str:
     assert checked.equal, {t: d for t, d in checked.differences.items()}
     # /metrics counts the fenced units, per worker (their heartbeats carry the counts). A woken
     # process may first wait out a request on a connection that died while it was stopped (the
-    # driver's request timeout, adapters/cassandra_views.py TIMEOUT = 30 s) before its check reads
+    # driver's request timeout, adapters/cassandra/views.py TIMEOUT = 30 s) before its check reads
     # the partition's position: one run in eighteen showed no count after 10 s.
     deadline = time.monotonic() + 45
     while (fenced := fenced_units(rt)) < 1:

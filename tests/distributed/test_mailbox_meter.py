@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from adapters.cassandra_mailbox import CassandraMailbox
+from adapters.cassandra.mailbox import CassandraMailbox
 from fanout.bootstrap import open_cassandra_views
 from fanout.rereview import FANOUT_WRITE, MailboxMeter
 from fanout.urls import cassandra_settings
@@ -39,3 +39,19 @@ def test_a_wrapped_mailbox_rides_round_a_and_is_timed(fresh_cassandra: str) -> N
         assert len(meter.inner.read("acme", "u00000", 0, 10, 10)) == 2
     finally:
         views.close()
+
+
+def test_the_views_and_the_mailbox_share_one_cluster_which_the_views_shut_down_once(fresh_cassandra: str) -> None:
+    """One Cluster per process (adapters/cassandra/connect.py): the mailbox borrows the views'
+    session, its close() leaves the Cluster up; the views own it, and closing them twice is harmless."""
+    views = open_cassandra_views(cassandra_settings(fresh_cassandra), partitions=1)
+    cluster = views.session.cluster
+    try:
+        mailbox: Any = views.mailbox
+        assert mailbox.inner.session is views.session
+        mailbox.inner.close()
+        assert not cluster.is_shutdown and views.position("delivery") == 0
+    finally:
+        views.close()
+    assert cluster.is_shutdown
+    views.close()

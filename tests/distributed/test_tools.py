@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from adapters.cassandra_stamps import stamp
+from adapters.cassandra.stamps import stamp
 from cli.main import main
 from domain.params import Parameters
 from fanout.application import FanoutApplication
@@ -181,7 +181,7 @@ def test_verify_finds_a_corrupted_row_and_rebuild_restores_it(
 
     # one corrupted row in each of three tables
     # Written as a faulty unit at the views' position would write them (stamped between the
-    # units' rank and the rebuild's, adapters/cassandra_stamps.py): a write at the driver's
+    # units' rank and the rebuild's, adapters/cassandra/stamps.py): a write at the driver's
     # wall-clock stamp would lose to the rows there and change nothing.
     last = rt.queries.mailbox(T, "u0100", 0, 100)["entries"][-1]["cursor"]
     ts = stamp(max(rt.views.positions().values()), 1)

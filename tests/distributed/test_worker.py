@@ -362,8 +362,8 @@ def read_all(brokers: str, topic: str, isolation: str) -> list[int]:
 
 
 def cassandra_views(url: str) -> Any:
-    from adapters.cassandra_mailbox import CassandraMailbox
-    from adapters.cassandra_views import CassandraViews
+    from adapters.cassandra.mailbox import CassandraMailbox
+    from adapters.cassandra.views import CassandraViews
     from fanout.urls import cassandra_settings
 
     c = cassandra_settings(url)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from adapters.rocksdb_mailbox import ShardCountMismatch
-from adapters.sqlite_views import SqliteMailbox
+from adapters.rocksdb.mailbox import ShardCountMismatch
+from adapters.sqlite.mailbox import SqliteMailbox
 from domain.params import Parameters
 from fanout.bootstrap import DataDirBusy, bootstrap
 from fanout.config import ConfigError, Settings

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from adapters.sqlite_views import SqliteViews
+from adapters.sqlite.views import SqliteViews
 from fanout.bootstrap import open_views
 from projections.hosting import build_projections
 from tests.contract.test_projection_replay import PARAMS, build_log, snapshot

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from adapters.rocksdb_mailbox import RocksMailbox
+from adapters.rocksdb.mailbox import RocksMailbox
 from cli.demo import run_demo
 from domain.params import Parameters
 from fanout.bootstrap import DataDirBusy, DataDirLock

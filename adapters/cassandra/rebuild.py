@@ -16,10 +16,9 @@ in token order, then clustering order within a partition, and both keyspaces sha
 cluster's partitioner): rows are grouped by token and the groups merged, so memory holds
 one partition at a time (a 100k-member group's state partition at most), not a table.
 
-The tables and their keys are read from system_schema: this module knows the table names
-(adapters/cassandra_views.py and adapters/cassandra_mailbox.py create them) and which
-columns are runtime facts, nothing else. It stands alone (adapters do not import each
-other); the composition root hands it the live views' session."""
+The tables and their keys are read from system_schema: this module knows which tables each
+part writes (PART_TABLES, beside their DDL in schema.py) and which columns are runtime facts
+(projections/rows.py), nothing else; the composition root hands it the live views' session."""
 
 from __future__ import annotations
 
@@ -31,32 +30,18 @@ from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent
 from cassandra.query import PreparedStatement, SimpleStatement
 
-from adapters.cassandra_stamps import RANK_REBUILD, stamp
+from adapters.cassandra.schema import PART_TABLES
+from adapters.cassandra.stamps import RANK_REBUILD, stamp
 from projections.ports import StaleAside, StoreDiff
+from projections.rows import DELIVERY_RUNTIME
 
-# The tables each part of the views writes (the mailbox is a table of the keyspace here).
-PART_TABLES: dict[str, tuple[str, ...]] = {
-    "mailbox": ("mailbox",),
-    "state": ("conversation_states", "user_states", "login_index"),
-    "heads": (
-        "heads",
-        "heads_by_aggregate",
-        "heads_by_tenant",
-        "messages",
-        "broadcasts",
-        "delivery",
-        "reviews",
-        "reviews_by_tenant",
-        "tiers",
-    ),
-}
 TABLES: tuple[str, ...] = (*PART_TABLES["heads"][:5], *PART_TABLES["state"], *PART_TABLES["heads"][5:], "mailbox")
 
 # Runtime facts, not derived from the log: ignored by verify, carried over by a merge.
 # (delivery: when and to how many online devices the message was first pushed; reviews:
 # the write stamp that orders a tenant's reviews.)
 RUNTIME_COLUMNS: dict[str, tuple[str, ...]] = {
-    "delivery": ("materialized_at", "online_pushes"),
+    "delivery": DELIVERY_RUNTIME,
     "reviews": ("written",),
     "reviews_by_tenant": ("written",),
 }
@@ -178,7 +163,7 @@ class CassandraAsideBuilds:
             raise StaleAside("the live views moved during the rebuild (a worker ran?); nothing was switched")
         # Every merged write is stamped just above position P (the one position the views stand
         # at): it replaces what the units up to P wrote and loses to any unit after P, so a
-        # worker started during the merge is never overwritten (adapters/cassandra_stamps.py).
+        # worker started during the merge is never overwritten (adapters/cassandra/stamps.py).
         ts = stamp(max(expect.values(), default=0), RANK_REBUILD)
         out: dict[str, Merged] = {}
         for name in tables:

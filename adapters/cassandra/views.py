@@ -12,36 +12,45 @@ without the tracking, and the projections are idempotent for that
 
 Every read is one partition (or a bounded set of partitions read concurrently); no
 join. Layout, keys, consistency and numbers: docs/adr/0014-cassandra-data-model.md.
-The mailbox store is given to the constructor (the composition root picks it)."""
+The mailbox store is given to the constructor (the composition root picks it); the
+session and the tables come from connect.py and schema.py."""
 
 from __future__ import annotations
 
 import copy
 import json
-import logging
 import os
 import socket
 import threading
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-from cassandra import ConsistencyLevel
-from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
-from cassandra.concurrent import execute_concurrent, execute_concurrent_with_args
-from cassandra.io.asyncioreactor import AsyncioConnection
-from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
-from cassandra.query import BatchStatement, BatchType, PreparedStatement, dict_factory
+from cassandra.cluster import Session
+from cassandra.concurrent import execute_concurrent_with_args
+from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
-from adapters.cassandra_mailbox import INSERT_ENTRY, CassandraMailbox, Row, grouped
-from adapters.cassandra_stamps import stamp
+from adapters.cassandra.connect import Connection, open_session, run
+from adapters.cassandra.mailbox import INSERT_ENTRY, CassandraMailbox, Row, grouped
+from adapters.cassandra.schema import TABLES
+from adapters.cassandra.stamps import stamp
 from projections.ports import ALL_PARTS, LogPosition, MailboxEntry, MailboxStore, MessageRefs
-from projections.state import Session as LoginSession
-from projections.state import SessionHead, SessionState, UserConversationState, sessions_by_two_reads
+from projections.rows import (
+    DELIVERY_RECORD,
+    HEAD_COLUMNS,
+    MESSAGE_COLUMNS,
+    STATE_COLUMNS,
+    delivery_cells,
+    delivery_dict,
+    head_cells,
+    head_dict,
+    message_cells,
+    message_dict,
+)
+from projections.state import SessionHead, SessionItem, SessionState, UserConversationState, sessions_by_two_reads
 
 BATCH_ROWS = 100  # rows per UNLOGGED batch
 MEMBER_BATCH_ROWS = 250  # rows per batch of round A (member-keyed rows: one partition each)
@@ -53,13 +62,7 @@ ROW_BYTES = 160  # an estimate of a row's size without its text
 IN_FLIGHT = 200  # requests in the air at once
 PUSH_COUNTS_KEPT = 10_000  # messages whose push count a replica remembers (a message is pushed at once)
 HEADS_PER_READ = 100  # conversation heads read by one request of the login's batched read
-TIMEOUT = 30.0  # seconds per request
-# The driver's default reconnection policy doubles its delay up to 600 s: after a Cassandra
-# restart of ~16 s the next attempt came ~15 s after the node was back (the worker's retried
-# unit and the replicas' watermark watcher waited for it; tests/distributed/test_crash.py).
-RECONNECT_DELAYS = (0.5, 5.0)  # seconds: first delay, longest delay between attempts
 
-STATE_COLUMNS = tuple(f.name for f in fields(UserConversationState))  # UserConversationState.row() order
 # A null written by an INSERT is a tombstone: two per member row (no gap is the common case) made
 # a 100k-member partition 200k tombstones, read on every load of the conversation, and that was
 # what ran Cassandra out of heap in the crash tests. "No value" is stored as -1 (seqs are >= 0).
@@ -85,168 +88,6 @@ def _state_row(r: Any) -> dict[str, Any]:
         if row[c] == NO_SEQ:
             row[c] = None
     return row
-
-
-HEAD_COLUMNS = (
-    "aggregate_id",
-    "title",
-    "latest_conversation_seq",
-    "last_activity_id",
-    "last_activity_at",
-    "preview",
-    "member_count",
-    "size_bucket",
-    "write_policy",
-    "broadcasts",
-    "created_at",
-    "position",
-)
-_STATE_TYPES = """read_conversation_seq bigint, joined_seq bigint, last_active double,
-    delivered_conversation_seq bigint, skipping int, gap_end bigint, rebuilt_seq bigint,
-    mention_seqs text, broadcast_base bigint"""
-
-TABLES = [
-    """CREATE TABLE IF NOT EXISTS {ks}.tracking (projection text, partition int, position bigint,
-    PRIMARY KEY ((projection), partition)) WITH ID = {id}""",
-    """CREATE TABLE IF NOT EXISTS {ks}.heads (tenant text, conversation_id text, aggregate_id text, title text,
-    latest_conversation_seq bigint, last_activity_id text, last_activity_at double, preview text,
-    member_count bigint, size_bucket text, write_policy text, broadcasts bigint, created_at double, position bigint,
-    PRIMARY KEY ((tenant, conversation_id))) WITH ID = {id}""",
-    """CREATE TABLE IF NOT EXISTS {ks}.heads_by_aggregate (aggregate_id text, tenant text, conversation_id text,
-    PRIMARY KEY (aggregate_id)) WITH ID = {id}""",
-    """CREATE TABLE IF NOT EXISTS {ks}.heads_by_tenant (tenant text, conversation_id text, size_bucket text,
-    PRIMARY KEY ((tenant), conversation_id)) WITH ID = {id}""",
-    """CREATE TABLE IF NOT EXISTS {ks}.messages (tenant text, conversation_id text, conversation_seq bigint,
-    message_id text, sender text, text text, mentions text, mention_all boolean, reply_to_seq bigint,
-    announcement boolean, sent_at double, pos bigint,
-    PRIMARY KEY ((tenant, conversation_id), conversation_seq)) WITH ID = {id}""",
-    """CREATE TABLE IF NOT EXISTS {ks}.broadcasts (tenant text, conversation_id text, conversation_seq bigint,
-    PRIMARY KEY ((tenant, conversation_id), conversation_seq)) WITH ID = {id}""",
-    f"""CREATE TABLE IF NOT EXISTS {{ks}}.conversation_states (tenant text, conversation_id text, user_id text,
-    {_STATE_TYPES}, PRIMARY KEY ((tenant, conversation_id), user_id)) WITH ID = {{id}}""",
-    f"""CREATE TABLE IF NOT EXISTS {{ks}}.user_states (tenant text, user_id text, conversation_id text,
-    {_STATE_TYPES}, PRIMARY KEY ((tenant, user_id), conversation_id)) WITH ID = {{id}}""",
-    """CREATE TABLE IF NOT EXISTS {ks}.delivery (tenant text, conversation_id text, conversation_seq bigint,
-    message_id text, write_policy text, member_count bigint, mailbox_entries bigint, shards int, body_bytes bigint,
-    pos bigint, online_pushes bigint, materialized_at double,
-    PRIMARY KEY ((tenant, conversation_id), conversation_seq)) WITH ID = {id}""",
-    """CREATE TABLE IF NOT EXISTS {ks}.reviews (review_id text, tenant text, body text, written bigint,
-    PRIMARY KEY (review_id)) WITH ID = {id}""",
-    """CREATE TABLE IF NOT EXISTS {ks}.reviews_by_tenant (tenant text, review_id text, body text, written bigint,
-    PRIMARY KEY ((tenant), review_id)) WITH ID = {id}""",
-    """CREATE TABLE IF NOT EXISTS {ks}.tiers (tier_id text, body map<text, text>,
-    PRIMARY KEY (tier_id)) WITH ID = {id}""",
-    """CREATE TABLE IF NOT EXISTS {ks}.capacity (projection text, body text,
-    PRIMARY KEY (projection)) WITH ID = {id}""",
-    # online pushes: one row per replica that pushed the message (summed on read: exact across replicas)
-    """CREATE TABLE IF NOT EXISTS {ks}.delivery_pushes (tenant text, conversation_id text, conversation_seq bigint,
-    pusher text, pushes bigint,
-    PRIMARY KEY ((tenant, conversation_id), conversation_seq, pusher)) WITH ID = {id}""",
-    # the login index (ADR-0028): a member's row of each conversation, in the hour of its last activity
-    """CREATE TABLE IF NOT EXISTS {ks}.login_index (tenant text, user_id text, bucket bigint, conversation_id text,
-    PRIMARY KEY ((tenant, user_id), bucket, conversation_id))
-    WITH CLUSTERING ORDER BY (bucket DESC, conversation_id ASC) AND ID = {id}""",
-    # where each log partition's views stand: the position and the next Kafka offset to read
-    """CREATE TABLE IF NOT EXISTS {ks}.log_positions (partition int, position bigint, next_offset bigint,
-    PRIMARY KEY (partition)) WITH ID = {id}""",
-]
-
-
-class _OneLineConnectionErrors(logging.Filter):
-    """While Cassandra is away the driver logs a traceback for every failed connection and
-    reconnection attempt (a WARNING with exc_info, every few seconds): an operator needs the
-    one line, "Error connecting to 127.0.0.1:19042: ConnectionRefusedError: ...", not the stack.
-    Its warnings lose their stack; its errors keep it."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if exc is not None and record.levelno <= logging.WARNING:  # connection trouble, retried by the driver
-            record.msg = f"{record.getMessage().rstrip(': ')}: {type(exc).__name__}: {exc}"
-            record.args = ()
-            record.exc_info = None
-            record.exc_text = None
-        return True
-
-
-for _name in ("cassandra.cluster", "cassandra.pool", "cassandra.connection"):
-    _logger = logging.getLogger(_name)
-    if not any(isinstance(f, _OneLineConnectionErrors) for f in _logger.filters):
-        _logger.addFilter(_OneLineConnectionErrors())
-
-
-# -- connection and schema (the mailbox module has its own copy: adapters stand alone) -----
-
-
-def table_id(keyspace: str, table: str) -> uuid.UUID:
-    """A table id derived from its name: two processes creating the same table at once
-    (CREATE ... IF NOT EXISTS on two coordinators) create the same table, not two."""
-    return uuid.uuid5(uuid.NAMESPACE_URL, f"fanout/{keyspace}/{table}")
-
-
-def _connection_class(reactor: str) -> Any:
-    """libev (the default): the asyncio reactor let the process exit at once after
-    shutdown() (libev's atexit joins its loop thread for up to 5 s), but it failed 3 of 4
-    100k-member fan-outs with "CRC mismatch on header" (protocol 5 framing) where libev
-    failed none: a slower exit beats a mailbox write that cannot land. ADR-0014."""
-    if reactor == "libev":
-        from cassandra.io.libevreactor import LibevConnection
-
-        return LibevConnection
-    if reactor != "asyncio":
-        raise ValueError(f"reactor={reactor!r}: asyncio or libev")
-    return AsyncioConnection
-
-
-def open_cluster(
-    hosts: Iterable[str], port: int, datacenter: str, consistency: str, reactor: str = "libev"
-) -> tuple[Cluster, Session]:
-    """Protocol 5, token-aware routing over the local datacenter, the settings'
-    consistency for reads and writes, rows as dicts; the reactor: see _connection_class."""
-    profile = ExecutionProfile(
-        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=datacenter)),
-        consistency_level=ConsistencyLevel.name_to_value[consistency],
-        request_timeout=TIMEOUT,
-        row_factory=dict_factory,
-    )
-    cluster = Cluster(
-        list(hosts),
-        port=port,
-        protocol_version=5,
-        execution_profiles={EXEC_PROFILE_DEFAULT: profile},
-        connection_class=_connection_class(reactor),
-        reconnection_policy=ExponentialReconnectionPolicy(*RECONNECT_DELAYS),
-    )
-    try:
-        return cluster, cluster.connect()
-    except BaseException:
-        cluster.shutdown()
-        raise
-
-
-def create_schema(session: Session, keyspace: str, replication: int, datacenter: str, tables: list[str]) -> None:
-    """The keyspace and tables if absent (idempotent, harmless when two processes race:
-    IF NOT EXISTS and name-derived table ids); waits for schema agreement."""
-    if replication > 1:
-        strategy = f"{{'class': 'NetworkTopologyStrategy', '{datacenter}': {replication}}}"
-    else:
-        strategy = f"{{'class': 'SimpleStrategy', 'replication_factor': {replication}}}"
-    session.execute(f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {strategy}", timeout=120)
-    for ddl in tables:
-        name = ddl.split("(", 1)[0].split()[-1].split(".")[-1]
-        session.execute(ddl.format(ks=keyspace, id=table_id(keyspace, name)), timeout=120)
-    # Session.wait_for_schema_agreement reads schema_version as an attribute: with rows
-    # as dicts it never agrees (scylla-driver 3.29); the control connection's check works.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        agreed = session.cluster.control_connection.wait_for_schema_agreement(wait_time=60)
-    if not agreed:
-        raise RuntimeError(f"Cassandra: no schema agreement on keyspace {keyspace} within 60 s")
-
-
-def run(session: Session, statements: Iterable[tuple[Any, Any]], in_flight: int = IN_FLIGHT) -> None:
-    """Execute with at most `in_flight` requests in the air (FANOUT_VIEWS ?in_flight=, default
-    IN_FLIGHT); the first error raises."""
-    execute_concurrent(session, statements, concurrency=in_flight, raise_on_first_error=True)
 
 
 SizedRow = tuple[PreparedStatement, tuple[Any, ...], int]  # a statement, its values, its estimated bytes
@@ -465,12 +306,13 @@ class CassandraViews:
         mailbox: MailboxStore,
         *,
         partitions: int = 1,
-        cluster: Cluster | None = None,
+        connection: Connection | None = None,
         in_flight: int = IN_FLIGHT,
     ) -> None:
-        """`session`: a connected session whose keyspace has the tables (`connect` makes
-        both); `partitions`: the log's partition count (the low watermark is the minimum
-        over them); `cluster`: shut down by close() when this store opened it; `in_flight`:
+        """`session`: a connected session whose keyspace has the tables (connect.open_session
+        makes both); `partitions`: the log's partition count (the low watermark is the
+        minimum over them); `connection`: the session's Connection when this store owns it
+        (close() closes it, after the mailbox; connect.py); `in_flight`:
         requests in the air at once while a unit of work commits (ADR-0027: at RF 3 each
         is three replicas' work, and too many time out in the replicas' queues)."""
         self.session = session
@@ -478,7 +320,7 @@ class CassandraViews:
         self.keyspace = keyspace
         self.mailbox: MailboxStore = mailbox
         self.partitions = partitions
-        self._cluster = cluster
+        self._connection = connection
         self._lock = threading.Lock()  # one unit of work at a time
         self._pushes_lock = threading.Lock()
         self._pushed: dict[tuple[str, str, int], int] = {}  # this replica's push counts, the latest kept
@@ -488,7 +330,7 @@ class CassandraViews:
         p = session.prepare
         state_cols = ", ".join(STATE_COLUMNS)
         state_marks = ", ".join("?" * len(STATE_COLUMNS))
-        ts = "USING TIMESTAMP ?"  # every write of a unit: its log position's stamp (cassandra_stamps)
+        ts = "USING TIMESTAMP ?"  # every write of a unit: its log position's stamp (stamps.py)
         self._w: dict[str, PreparedStatement] = {
             "track": p(f"INSERT INTO {ks}.tracking (projection, partition, position) VALUES (?, ?, ?) {ts}"),
             "log_position": p(
@@ -505,16 +347,15 @@ class CassandraViews:
                 f"INSERT INTO {ks}.heads_by_tenant (tenant, conversation_id, size_bucket) VALUES (?, ?, ?) {ts}"
             ),
             "message": p(
-                f"INSERT INTO {ks}.messages (tenant, conversation_id, conversation_seq, message_id, sender, text, "
-                f"mentions, mention_all, reply_to_seq, announcement, sent_at, pos) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) {ts}"
+                f"INSERT INTO {ks}.messages (tenant, {', '.join(MESSAGE_COLUMNS)}) "
+                f"VALUES (?, {', '.join('?' * len(MESSAGE_COLUMNS))}) {ts}"
             ),
             "broadcast": p(
                 f"INSERT INTO {ks}.broadcasts (tenant, conversation_id, conversation_seq) VALUES (?, ?, ?) {ts}"
             ),
             "delivery": p(
-                f"INSERT INTO {ks}.delivery (tenant, conversation_id, conversation_seq, message_id, write_policy, "
-                "member_count, mailbox_entries, shards, body_bytes, pos, materialized_at) "
-                f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) {ts}"
+                f"INSERT INTO {ks}.delivery (tenant, conversation_id, conversation_seq, {', '.join(DELIVERY_RECORD)}, "
+                f"materialized_at) VALUES (?, ?, ?, {', '.join('?' * len(DELIVERY_RECORD))}, ?) {ts}"
             ),
             "conv_state": p(
                 f"INSERT INTO {ks}.conversation_states (tenant, conversation_id, user_id, {state_cols}) "
@@ -603,44 +444,24 @@ class CassandraViews:
         }
 
     @classmethod
-    def connect(
-        cls,
-        hosts: Iterable[str],
-        port: int,
-        keyspace: str,
-        mailbox: MailboxStore,
-        *,
-        replication: int = 1,
-        consistency: str = "LOCAL_ONE",
-        datacenter: str = "datacenter1",
-        partitions: int = 1,
-        reactor: str = "libev",
-        in_flight: int = IN_FLIGHT,
-    ) -> CassandraViews:
-        """Open a cluster, create the keyspace and the tables if absent."""
-        cluster, session = open_cluster(hosts, port, datacenter, consistency, reactor)
-        try:
-            create_schema(session, keyspace, replication, datacenter, TABLES)
-            return cls(session, keyspace, mailbox, partitions=partitions, cluster=cluster, in_flight=in_flight)
-        except BaseException:
-            cluster.shutdown()
-            raise
-
-    @classmethod
     def from_settings(cls, settings: Any, mailbox: MailboxStore, *, partitions: int = 1) -> CassandraViews:
-        """From an object with hosts, port, keyspace, replication, consistency, datacenter
-        (fanout.urls.CassandraSettings); `partitions`: the Kafka topic's partition count."""
-        return cls.connect(
-            settings.hosts,
-            settings.port,
-            settings.keyspace,
-            mailbox,
-            replication=settings.replication,
-            consistency=settings.consistency,
-            datacenter=settings.datacenter,
-            partitions=partitions,
-            in_flight=getattr(settings, "in_flight", IN_FLIGHT),
-        )
+        """Views on a session of their own (connect.open_session: the keyspace and the views'
+        tables created if absent), which they own; `settings`: fanout.urls.CassandraSettings;
+        `partitions`: the Kafka topic's partition count. The composition root shares one
+        session between the views and the mailbox instead (fanout/bootstrap.py)."""
+        connection = open_session(settings, tables=TABLES)
+        try:
+            return cls(
+                connection.session,
+                settings.keyspace,
+                mailbox,
+                partitions=partitions,
+                connection=connection,
+                in_flight=getattr(settings, "in_flight", IN_FLIGHT),
+            )
+        except BaseException:
+            connection.close()
+            raise
 
     # -- writing ---------------------------------------------------------------------
 
@@ -721,6 +542,7 @@ class CassandraViews:
                 (ps["log_position"], (partition, pos, offset, stamp(pos)))
                 for partition, (pos, offset) in w.log_positions.items()
             ],
+            self.in_flight,
         )
 
     def _mailbox_rows(self, tenant: str, refs: MessageRefs) -> Iterable[Row]:
@@ -763,28 +585,14 @@ class CassandraViews:
             x.rows.append(
                 (
                     ps["message"],
-                    (
-                        tenant,
-                        cid,
-                        seq,
-                        m["message_id"],
-                        m["sender"],
-                        m["text"],
-                        json.dumps(m["mentions"]),
-                        bool(m["mention_all"]),
-                        m["reply_to_seq"],
-                        bool(m["announcement"]),
-                        m["sent_at"],
-                        m["pos"],
-                        ts,
-                    ),
+                    (tenant, *message_cells(m), ts),
                     ROW_BYTES + len(m["text"].encode()),
                 )
             )
             if m["mention_all"] or m["announcement"]:
                 x.rows.append((ps["broadcast"], (tenant, cid, seq, ts), ROW_BYTES))
         for (t, c), h in w.heads.items():
-            values = (t, c, *(_head_value(h, k) for k in HEAD_COLUMNS), ts_of(t, c))
+            values = (t, c, *head_cells(h), ts_of(t, c))
             text = f"{h.get('title') or ''}{h.get('preview') or ''}"
             conv(t, c).head = (ps["head"], values, ROW_BYTES + len(text.encode()))
         return members, convs
@@ -797,20 +605,7 @@ class CassandraViews:
             convs.setdefault((t, c), _Conversation()).rows.append(
                 (
                     ps["delivery"],
-                    (
-                        t,
-                        c,
-                        q,
-                        r["message_id"],
-                        r["write_policy"],
-                        r["member_count"],
-                        r["mailbox_entries"],
-                        r["shards"],
-                        r["body_bytes"],
-                        r["pos"],
-                        at,
-                        ts_of(t, c),
-                    ),
+                    (t, c, q, *delivery_cells(r), at, ts_of(t, c)),
                     ROW_BYTES,
                 )
             )
@@ -847,10 +642,10 @@ class CassandraViews:
             self.mailbox.reopen()
 
     def close(self) -> None:
+        """Close the mailbox, then the Connection if this store owns it; closing again is harmless."""
         self.mailbox.close()
-        if self._cluster is not None:
-            self._cluster.shutdown()
-            self._cluster = None
+        if self._connection is not None:
+            self._connection.close()
 
     # -- tracking ----------------------------------------------------------------------
 
@@ -883,7 +678,7 @@ class CassandraViews:
 
     def head(self, tenant: str, conversation_id: str) -> dict[str, Any] | None:
         row = self.session.execute(self._r["head"], (tenant, conversation_id)).one()
-        return dict(row) if row is not None else None
+        return head_dict(row) if row is not None else None
 
     def heads(self, tenant: str, conversation_ids: Sequence[str], batch: int) -> Iterator[list[SessionHead]]:
         """One batched read: the heads' partitions, HEADS_PER_READ to a request (`IN` on the
@@ -903,10 +698,10 @@ class CassandraViews:
         for i in range(0, len(rows), batch):
             yield rows[i : i + batch]
 
-    def sessions(self, tenant: str, user_id: str, batch: int) -> Iterator[list[LoginSession]]:
+    def sessions(self, tenant: str, user_id: str, batch: int) -> Iterator[list[SessionItem]]:
         return sessions_by_two_reads(self, tenant, user_id, batch)
 
-    def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[LoginSession], bool] | None:
+    def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[SessionItem], bool] | None:
         """The first list from the login index (ADR-0028): (the sessions of every
         conversation whose last activity is in the index hours read, most recent first;
         whether that is all of the user's), or None when the index has no row for the user or
@@ -970,7 +765,7 @@ class CassandraViews:
         head = head_f.result().one()
         states = {r["user_id"]: UserConversationState.from_row(_state_row(r)) for r in states_f.result()}
         broadcasts = [r["conversation_seq"] for r in casts_f.result()]
-        return (dict(head) if head is not None else None), states, broadcasts
+        return (head_dict(head) if head is not None else None), states, broadcasts
 
     # -- members -------------------------------------------------------------------------
 
@@ -996,13 +791,14 @@ class CassandraViews:
 
     def message(self, tenant: str, conversation_id: str, seq: int) -> dict[str, Any] | None:
         row = self.session.execute(self._r["message"], (tenant, conversation_id, seq)).one()
-        return _message(row) if row is not None else None
+        return message_dict(row) if row is not None else None
 
     def messages(self, tenant: str, conversation_id: str, after_seq: int, limit: int) -> list[dict[str, Any]]:
         if limit <= 0:
             return []
         return [
-            _message(r) for r in self.session.execute(self._r["messages"], (tenant, conversation_id, after_seq, limit))
+            message_dict(r)
+            for r in self.session.execute(self._r["messages"], (tenant, conversation_id, after_seq, limit))
         ]
 
     def delivery(self, tenant: str, conversation_id: str, seq: int) -> dict[str, Any] | None:
@@ -1015,7 +811,7 @@ class CassandraViews:
         counts = [r["pushes"] for r in pushes_f.result()]
         if row is None:
             return None
-        out = dict(row)
+        out = delivery_dict(row)
         if counts:
             out["online_pushes"] = sum(counts)
         return out
@@ -1051,23 +847,3 @@ class CassandraViews:
 def _json(body: dict[str, Any]) -> dict[str, Any]:
     """A JSON body as a store of JSON text gives it back (tuples become lists, keys strings)."""
     return dict(json.loads(json.dumps(body)))
-
-
-def _head_value(head: dict[str, Any], column: str) -> Any:
-    value = head.get(column)
-    return str(value) if column == "aggregate_id" and value is not None else value
-
-
-def _message(r: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "conversation_id": r["conversation_id"],
-        "conversation_seq": r["conversation_seq"],
-        "message_id": r["message_id"],
-        "sender": r["sender"],
-        "text": r["text"],
-        "mentions": json.loads(r["mentions"]),
-        "mention_all": bool(r["mention_all"]),
-        "reply_to_seq": r["reply_to_seq"],
-        "announcement": bool(r["announcement"]),
-        "sent_at": r["sent_at"],
-    }

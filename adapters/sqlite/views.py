@@ -1,6 +1,7 @@
 """SQLite backend of the read side: views (heads, messages, states, delivery
-records, admin views, tracking) in one WAL database, and the mailbox in its own
-file so it can be rebuilt and swapped on its own.
+records, admin views, tracking) in one WAL database; the mailbox store it is given
+(RocksDB, or adapters/sqlite/mailbox.py) keeps its own file so it can be rebuilt and
+swapped on its own.
 
 Mailbox writes are idempotent (INSERT OR IGNORE on the primary key) and are made
 durable before the views transaction that records the tracking position commits,
@@ -14,15 +15,27 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import fields
 from itertools import groupby
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from adapters.sqlite.connect import connect
 from projections.ports import ALL_PARTS as ALL_PARTS  # the parts a unit of work writes
 from projections.ports import LogPosition, MailboxEntry, MailboxStore, MessageRefs
-from projections.state import Session, SessionHead, SessionState, UserConversationState
+from projections.rows import (
+    DELIVERY_RECORD,
+    HEAD_COLUMNS,
+    MESSAGE_COLUMNS,
+    STATE_COLUMNS,
+    delivery_cells,
+    delivery_dict,
+    head_cells,
+    head_dict,
+    message_cells,
+    message_dict,
+)
+from projections.state import SessionHead, SessionItem, SessionState, UserConversationState
 
 VIEWS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS tracking (
@@ -99,38 +112,6 @@ def migrate_views(con: sqlite3.Connection) -> None:
     con.execute(f"PRAGMA user_version = {VIEWS_SCHEMA_VERSION}")
 
 
-STATE_COLUMNS = tuple(f.name for f in fields(UserConversationState))  # UserConversationState.row() order
-
-HEAD_COLUMNS = (
-    "aggregate_id",
-    "title",
-    "latest_conversation_seq",
-    "last_activity_id",
-    "last_activity_at",
-    "preview",
-    "member_count",
-    "size_bucket",
-    "write_policy",
-    "broadcasts",
-    "created_at",
-    "position",
-)
-
-
-def connect(path: Path | str, *, readonly: bool = False) -> sqlite3.Connection:
-    uri = f"file:{path}?mode=ro" if readonly else f"file:{path}"
-    con = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=30)
-    con.row_factory = sqlite3.Row
-    con.execute("PRAGMA busy_timeout=30000")
-    if not readonly:
-        con.execute("PRAGMA journal_mode=WAL")
-    con.execute("PRAGMA synchronous=NORMAL")
-    con.execute("PRAGMA cache_size=-131072")  # 128 MiB
-    con.execute("PRAGMA mmap_size=1073741824")
-    con.execute("PRAGMA temp_store=MEMORY")
-    return con
-
-
 class ReadPool:
     """A fixed number of read-only connections for reads that hold a cursor across
     awaits (the login's session list): a login borrows one instead of opening its own,
@@ -178,85 +159,6 @@ class ReadPool:
 READ_POOL_SIZE = 8  # the API's executor threads
 
 
-class SqliteMailbox:
-    """UserMailboxEntry in SQLite: key (tenant, user_id, pos), a user-ordered B-tree.
-    The slower alternative (docs/adr/0004-mailbox-store.md), kept behind the same
-    contract suite for small deployments and comparison."""
-
-    SCHEMA = """
-    CREATE TABLE IF NOT EXISTS mailbox (
-        tenant TEXT NOT NULL, user_id TEXT NOT NULL, pos INTEGER NOT NULL,
-        conversation_seq INTEGER NOT NULL, conversation_id TEXT NOT NULL, flags INTEGER NOT NULL,
-        PRIMARY KEY (tenant, user_id, pos)) WITHOUT ROWID;
-    """
-
-    def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
-        self._write = connect(self.path)
-        self._write.executescript(self.SCHEMA)
-        self._local = threading.local()
-
-    def _reader(self) -> sqlite3.Connection:
-        con = getattr(self._local, "con", None)
-        if con is None:
-            con = self._local.con = connect(self.path)
-        return con
-
-    def write(self, tenant: str, refs: MessageRefs) -> int:
-        con = self._write
-        n = 0
-        pos, seq, cid, special = refs.pos, refs.seq, refs.conversation_id, refs.special
-        con.execute("BEGIN")
-        try:
-            for shard in sorted(refs.shards):
-                # One statement per MailboxShard batch.
-                rows = [(tenant, u, pos, seq, cid, special.get(u, refs.flags)) for u in refs.shards[shard]]
-                con.executemany("INSERT OR IGNORE INTO mailbox VALUES (?, ?, ?, ?, ?, ?)", rows)
-                n += len(rows)
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-        return n
-
-    def read(self, tenant: str, user_id: str, after: int, until: int, limit: int) -> list[MailboxEntry]:
-        rows = (
-            self._reader()
-            .execute(
-                "SELECT user_id, pos, conversation_seq, conversation_id, flags FROM mailbox "
-                "WHERE tenant=? AND user_id=? AND pos>? AND pos<=? ORDER BY pos LIMIT ?",
-                (tenant, user_id, after, until, limit),
-            )
-            .fetchall()
-        )
-        return [tuple(r) for r in rows]
-
-    def all_entries(self) -> Iterator[tuple[str, str, int, int, str, int]]:
-        for r in self._reader().execute(
-            "SELECT tenant, user_id, pos, conversation_seq, conversation_id, flags FROM mailbox "
-            "ORDER BY tenant, user_id, pos"
-        ):
-            yield tuple(r)
-
-    def sort_key(self, tenant: str, user_id: str, pos: int) -> tuple[str, str, int]:
-        return (tenant, user_id, pos)
-
-    def count(self) -> int:
-        return int(self._reader().execute("SELECT count(*) FROM mailbox").fetchone()[0])
-
-    def flush(self) -> None:
-        pass  # each write_shards commits; synchronous=NORMAL in WAL is durable across process crashes
-
-    def reopen(self) -> None:
-        pass  # SQLite recovers from a failed write by itself (the transaction rolled back)
-
-    def close(self) -> None:
-        self._write.close()
-        con = getattr(self._local, "con", None)
-        if con is not None:
-            con.close()
-
-
 class SqliteWriter:
     """The ViewWriter of one unit of work. Mailbox shards are buffered and written
     by the store before the views transaction commits."""
@@ -286,28 +188,16 @@ class SqliteWriter:
         self.con.execute(
             f"INSERT OR REPLACE INTO heads (tenant, conversation_id, {', '.join(HEAD_COLUMNS)}) "
             f"VALUES (?, ?, {', '.join('?' * len(HEAD_COLUMNS))})",
-            (tenant, conversation_id, *(head.get(c) for c in HEAD_COLUMNS)),
+            (tenant, conversation_id, *head_cells(head)),
         )
 
     def put_message(self, tenant: str, conversation_id: str, m: dict[str, Any]) -> None:
         if "heads" not in self.parts:
             return
         self.con.execute(
-            "INSERT OR REPLACE INTO messages VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                tenant,
-                conversation_id,
-                m["conversation_seq"],
-                m["message_id"],
-                m["sender"],
-                m["text"],
-                json.dumps(m["mentions"]),
-                int(m["mention_all"]),
-                m["reply_to_seq"],
-                int(m["announcement"]),
-                m["sent_at"],
-                m["pos"],
-            ),
+            f"INSERT OR REPLACE INTO messages (tenant, {', '.join(MESSAGE_COLUMNS)}) "
+            f"VALUES (?, {', '.join('?' * len(MESSAGE_COLUMNS))})",
+            (tenant, *message_cells(m)),
         )
 
     def put_mailbox(self, tenant: str, refs: MessageRefs) -> None:
@@ -355,20 +245,10 @@ class SqliteWriter:
     def put_delivery(self, tenant: str, conversation_id: str, seq: int, r: dict[str, Any]) -> None:
         if "heads" not in self.parts:
             return
-        self.con.execute(
-            "INSERT OR REPLACE INTO delivery VALUES (?,?,?,?,?,?,?,?,?,?,NULL,NULL)",
-            (
-                tenant,
-                conversation_id,
-                seq,
-                r["message_id"],
-                r["write_policy"],
-                r["member_count"],
-                r["mailbox_entries"],
-                r["shards"],
-                r["body_bytes"],
-                r["pos"],
-            ),
+        self.con.execute(  # the runtime facts start NULL (REPLACE deletes the row it replaces)
+            f"INSERT OR REPLACE INTO delivery (tenant, conversation_id, conversation_seq, {', '.join(DELIVERY_RECORD)}) "
+            f"VALUES (?, ?, ?, {', '.join('?' * len(DELIVERY_RECORD))})",
+            (tenant, conversation_id, seq, *delivery_cells(r)),
         )
         self.deliveries.append((tenant, conversation_id, seq))
 
@@ -548,9 +428,9 @@ class SqliteViews:
             .execute("SELECT * FROM heads WHERE tenant=? AND conversation_id=?", (tenant, conversation_id))
             .fetchone()
         )
-        return dict(row) if row else None
+        return head_dict(row) if row else None
 
-    def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[Session], bool] | None:
+    def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[SessionItem], bool] | None:
         return None  # one statement: sessions() is the quick way
 
     def heads_by_scope(self, tenant: str, size_bucket: str) -> list[str]:
@@ -602,7 +482,7 @@ class SqliteViews:
             for r in cur
         }
 
-    def sessions(self, tenant: str, user_id: str, batch: int) -> Iterator[list[Session]]:
+    def sessions(self, tenant: str, user_id: str, batch: int) -> Iterator[list[SessionItem]]:
         """The login read in one statement: the user's state rows (a range of the primary
         key) joined to their heads, sorted by SQLite, fetched a batch at a time from one
         cursor (one read snapshot); the personal mentions are counted in SQL. The port
@@ -616,7 +496,7 @@ class SqliteViews:
         )
         width = len(SessionHead._fields)
 
-        def pairs(rows: list[tuple[Any, ...]]) -> list[Session]:
+        def pairs(rows: list[tuple[Any, ...]]) -> list[SessionItem]:
             return [(SessionHead._make(r[:width]), SessionState._make(r[width:])) for r in rows]
 
         con = self._pool.try_acquire()
@@ -702,7 +582,7 @@ class SqliteViews:
             )
             .fetchone()
         )
-        return dict(row) if row else None
+        return delivery_dict(row) if row else None
 
     def review(self, review_id: str) -> dict[str, Any]:
         row = self.reader().execute("SELECT body FROM reviews WHERE review_id=?", (review_id,)).fetchone()
@@ -741,18 +621,3 @@ class SqliteViews:
         con = getattr(self._local, "con", None)
         if con is not None:
             con.close()
-
-
-def message_dict(r: sqlite3.Row) -> dict[str, Any]:
-    return {
-        "conversation_id": r["conversation_id"],
-        "conversation_seq": r["conversation_seq"],
-        "message_id": r["message_id"],
-        "sender": r["sender"],
-        "text": r["text"],
-        "mentions": json.loads(r["mentions"]),
-        "mention_all": bool(r["mention_all"]),
-        "reply_to_seq": r["reply_to_seq"],
-        "announcement": bool(r["announcement"]),
-        "sent_at": r["sent_at"],
-    }

@@ -15,9 +15,9 @@ happened when the message was first delivered; a rebuild cannot recompute them. 
 rows that exist in the live views, the live values are carried over; rows the live
 views lacked keep the rebuild's commit time and no push count. Verify ignores them.
 
-Stands alone (adapters do not import each other): it knows the file names and the
-tables of adapters/sqlite_views.py and adapters/rocksdb_mailbox.py as bootstrap lays
-them out."""
+It imports no other store (the RocksDB mailbox is another engine's package): it knows
+the file names and the tables of adapters/sqlite/views.py and adapters/rocksdb/mailbox.py
+as bootstrap lays them out."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from projections.ports import StaleAside, StoreDiff
+from projections.rows import DELIVERY_KEY, DELIVERY_RUNTIME
 
 VIEWS_FILE = "views.sqlite"
 MAILBOX_DIR = "mailbox.rocksdb"
@@ -41,8 +42,7 @@ PART_TABLES: dict[str, tuple[str, ...]] = {
 TABLES: tuple[str, ...] = ("heads", "messages", "states", "delivery", "reviews", "tiers")
 
 # Runtime facts, not derived from the log: ignored by verify, carried over by rebuild.
-RUNTIME_COLUMNS = {"delivery": ("materialized_at", "online_pushes")}
-DELIVERY_KEY = ("tenant", "conversation_id", "conversation_seq")
+RUNTIME_COLUMNS = {"delivery": DELIVERY_RUNTIME}
 TRACKED = "delivery"  # the projection whose position says how far the views are
 
 

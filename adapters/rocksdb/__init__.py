@@ -1,0 +1,1 @@
+"""RocksDB: the embedded runtime's mailbox (mailbox.py, ADR-0004)."""
