@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from projections.ports import ALL_PARTS, LogPosition, MailboxEntry, MessageRefs
+from projections.ports import ALL_TARGETS, LogPosition, MailboxEntry, MessageRefs
 from projections.rows import HEAD_COLUMNS, delivery_dict, head_dict, message_dict
 from projections.state import SessionHead, SessionItem, UserConversationState, sessions_by_two_reads
 
@@ -86,8 +86,8 @@ class MemoryMailbox:
 class MemoryWriter:
     """The ViewWriter of one unit of work: every write is queued, applied at commit."""
 
-    def __init__(self, parts: frozenset[str]) -> None:
-        self.parts = parts
+    def __init__(self, targets: frozenset[str]) -> None:
+        self.targets = targets
         self.ops: list[Callable[[MemoryViews], None]] = []
         self.mailbox: list[tuple[str, MessageRefs]] = []
         self.mailbox_entries = 0
@@ -104,7 +104,7 @@ class MemoryWriter:
         self.log_positions[partition] = LogPosition(position, next_offset)
 
     def _queue(self, part: str, op: Callable[[MemoryViews], None]) -> None:
-        if part in self.parts:
+        if part in self.targets:
             self.ops.append(op)
 
     def put_capacity(self, name: str, body: dict[str, Any]) -> None:
@@ -127,7 +127,7 @@ class MemoryWriter:
         )
 
     def put_mailbox(self, tenant: str, refs: MessageRefs) -> None:
-        if "mailbox" not in self.parts or not refs.shards:
+        if "mailbox" not in self.targets or not refs.shards:
             return
         self.mailbox.append((tenant, refs))
         self.mailbox_entries += sum(len(b) for b in refs.shards.values())
@@ -154,7 +154,7 @@ class MemoryWriter:
         """No login index here (put_activity)."""
 
     def put_delivery(self, tenant: str, conversation_id: str, seq: int, record: dict[str, Any]) -> None:
-        if "heads" not in self.parts:
+        if "heads" not in self.targets:
             return
         row = {**record, "online_pushes": None, "materialized_at": None}
         self.ops.append(lambda v: v.delivery_rows.__setitem__((tenant, conversation_id, seq), row))
@@ -175,7 +175,7 @@ class MemoryViews:
     atomic_units = True  # a unit's writes are applied at its end, all of them
 
     def __init__(self, mailbox: MemoryMailbox | None = None, *, partitions: int = 1) -> None:
-        """`partitions`: the log's partition count (the low watermark is the minimum over them)."""
+        """`partitions`: the log's partition count (the views' position is the minimum over them)."""
         self.mailbox = mailbox if mailbox is not None else MemoryMailbox()
         self.partitions = partitions
         self._lock = threading.RLock()
@@ -194,8 +194,8 @@ class MemoryViews:
     # -- writing (applied under the lock, at commit) ----------------------------------
 
     @contextmanager
-    def unit_of_work(self, parts: frozenset[str] = ALL_PARTS, *, now: float | None = None) -> Iterator[MemoryWriter]:
-        w = MemoryWriter(parts)
+    def unit_of_work(self, targets: frozenset[str] = ALL_TARGETS, *, now: float | None = None) -> Iterator[MemoryWriter]:
+        w = MemoryWriter(targets)
         yield w  # an exception here leaves everything as it was
         for tenant, refs in w.mailbox:  # durable first, idempotent (as the SQLite views do)
             self.mailbox.write(tenant, refs)
@@ -266,7 +266,7 @@ class MemoryViews:
         with self._lock:
             return self.log_positions.get(partition)
 
-    def low_watermark(self, projection: str) -> int:
+    def views_position(self, projection: str) -> int:
         with self._lock:
             return min(self.tracking.get((projection, p), 0) for p in range(self.partitions))
 
@@ -352,7 +352,7 @@ class MemoryViews:
             return delivery_dict({"tenant": tenant, "conversation_id": conversation_id, "conversation_seq": seq, **row})
 
     def mailbox_page(self, tenant: str, user_id: str, after: int, limit: int) -> list[MailboxEntry]:
-        return self.mailbox.read(tenant, user_id, after, self.low_watermark("delivery"), limit)
+        return self.mailbox.read(tenant, user_id, after, self.views_position("delivery"), limit)
 
     def review(self, review_id: str) -> dict[str, Any]:
         with self._lock:

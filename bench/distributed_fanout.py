@@ -216,7 +216,7 @@ def main() -> int:
             rt.app.create_conversation(TENANT, GROUP, GROUP, members[:10_000])
             for i in range(10_000, len(members), 10_000):
                 rt.app.add_members(TENANT, GROUP, members[i : i + 10_000])
-            rt.wait_projected(1800)
+            rt.wait_until(rt.log_position(), 1800)
             print(f"group of {args.members:,} members created and projected in {time.monotonic() - t0:.1f} s",
                   flush=True)  # fmt: skip
         else:

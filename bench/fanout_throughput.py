@@ -109,7 +109,7 @@ def bench_fanout(args: argparse.Namespace, root: Path) -> dict[str, float]:
             time.sleep(0.001)
     out["latency_ms_p50"] = statistics.median(lat)
     out["latency_ms_max"] = max(lat)
-    rt.wait_projected()
+    rt.wait_until(rt.log_position())
 
     # 4. inbox reads by user at this size
     reads = []

@@ -339,7 +339,7 @@ def in_process(args: argparse.Namespace) -> None:
             members = [f"u{i}" for i in range(args.members)]
             for g in range(args.groups):
                 rt.app.create_conversation(TENANT, f"g{g}", "", members)
-            rt.wait_projected(600)
+            rt.wait_until(rt.log_position(), 600)
             cpu0, threads0, start = time.process_time(), thread_cpu(), time.monotonic()
             last = 0
             for i in range(args.messages):

@@ -7,7 +7,7 @@ adapters (this module imports no engine).
 Positions are the event store's notification ids, as in the embedded runtime. The views
 hold position P when every log partition has applied everything up to P: the workers
 track, per (projection, partition), the last event or relay watermark applied
-(streams/records.py), and `low_watermark` is the minimum over the partitions. The workers
+(streams/records.py), and `views_position` is the minimum over the partitions. The workers
 publish the positions each commit left (`ViewsTracked`, on the pushes topic): the replica
 learns the views' progress from them, with no query, and wakes the waiters. A watcher
 thread still reads the tracking rows every WATCH_INTERVAL, in case such a record is lost (a
@@ -43,7 +43,7 @@ from projections.ports import ViewStore
 
 log = logging.getLogger("fanout.distributed")
 
-# seconds between reads of the views' low watermark: the fallback, the workers' ViewsTracked
+# seconds between reads of the views' position: the fallback, the workers' ViewsTracked
 # records say it first (every 20 ms this cost a replica ~0.2 cores of its own and Cassandra's)
 WATCH_INTERVAL = 0.25
 POLL_INTERVAL = 0.02  # seconds between reads of the views when the watcher does not run
@@ -104,7 +104,7 @@ class DistributedRuntime:
         )
         self.queries = Queries(views, params)
         self.hub = PushHub(views)
-        self.committed = views.low_watermark(DeliveryProjection.name)
+        self.committed = views.views_position(DeliveryProjection.name)
         self.last_error: str | None = None
         self.failure_reason: str | None = None
         self.backpressure = Backpressure(
@@ -122,7 +122,7 @@ class DistributedRuntime:
         self.served = False
         self._progress = threading.Condition()
         # Partitions read waits are parked on (partition -> how many), and the last tracked
-        # position the watcher read for each: a partition ahead of the low watermark answers
+        # position the watcher read for each: a partition ahead of the views' position answers
         # the reads of its conversations without waiting for the slowest partition.
         self._wanted: dict[int, int] = {}
         self._partition_positions: dict[int, int] = {}
@@ -152,10 +152,10 @@ class DistributedRuntime:
     # -- the watchers ----------------------------------------------------------------------
 
     def _watch(self) -> None:
-        """The views' low watermark, read a few times a second; wakes the waiters."""
+        """The views' position, read a few times a second; wakes the waiters."""
         while not self._stop.is_set():
             try:
-                committed = self.views.low_watermark(DeliveryProjection.name)
+                committed = self.views.views_position(DeliveryProjection.name)
                 if self.failure_reason == "views_unreachable":
                     self.last_error = self.failure_reason = None
             except Exception as exc:  # Cassandra away: writes are refused (backpressure) until it answers
@@ -183,7 +183,7 @@ class DistributedRuntime:
         for p in wanted:
             try:
                 found[p] = self.views.position(DeliveryProjection.name, p)
-            except Exception:  # the low watermark's read answered a moment ago: again at the next tick
+            except Exception:  # the views' position's read answered a moment ago: again at the next tick
                 continue
         return found
 
@@ -199,7 +199,7 @@ class DistributedRuntime:
             ("event_store", self.app.log_position),
             ("relay_position", self.links.relayed_position),
             ("workers", self.links.workers),
-            ("views_position", lambda: self.views.low_watermark(DeliveryProjection.name)),
+            ("views_position", lambda: self.views.views_position(DeliveryProjection.name)),
         ):
             try:
                 out[name] = probe()
@@ -264,16 +264,13 @@ class DistributedRuntime:
 
     def _read_position(self, partition: int | None) -> int:
         """The position of the views (or of one partition of them) read now, remembered."""
-        self.committed = max(self.committed, self.views.low_watermark(DeliveryProjection.name))
+        self.committed = max(self.committed, self.views.views_position(DeliveryProjection.name))
         if partition is None:
             return self.committed
         return max(self.committed, self.views.position(DeliveryProjection.name, partition))
 
     def catch_up(self) -> None:
-        self.wait_projected(timeout=120.0)
-
-    def wait_projected(self, timeout: float = 30.0) -> bool:
-        return self.wait_until(self.app.log_position(), timeout)
+        self.wait_until(self.log_position(), timeout=120.0)
 
     def projections_status(self) -> dict[tuple[str, int], int]:
         return self.views.positions()

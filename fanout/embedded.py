@@ -145,13 +145,9 @@ class EmbeddedRuntime:
 
     def catch_up(self) -> None:
         if self.runner.running:
-            self.wait_projected(timeout=60.0)
+            self.wait_until(self.log_position(), timeout=60.0)
         else:
             self.runner.catch_up()
-
-    def wait_projected(self, timeout: float = 30.0) -> bool:
-        """Block until the views hold every event written so far."""
-        return self.runner.wait_until(self.runner.log_position(), timeout)
 
     def projections_status(self) -> dict[tuple[str, int], int]:
         return self.views.positions() or {(PROJECTIONS[0], 0): self.runner.position()}

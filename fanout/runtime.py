@@ -1,9 +1,9 @@
 """What a runtime offers the entry points (api/, cli/): the `Runtime` protocol.
 
 The API and the CLI are typed against it and never see an engine or a projection host.
-`fanout/bootstrap.py` builds the embedded runtime (SQLite event store, SQLite views,
-RocksDB mailbox, the in-process runner); the distributed runtime (PostgreSQL, Kafka,
-Faust, Cassandra) will implement the same protocol. Positions are event-log positions
+The composition root (`fanout/bootstrap/`) builds the embedded runtime (`fanout/embedded.py`:
+SQLite event store, SQLite views, RocksDB mailbox, the in-process host) or an API replica of
+the distributed one (`fanout/distributed.py`: PostgreSQL, Kafka, Cassandra); both implement it. Positions are event-log positions
 (notification ids): what a write answers as `position`, what `min_position` waits for."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """How a projection host and the command side tell a storage failure from a bug
 (ADR-0010), and log a failure that recurs without flooding the log.
 
-Kept beside the projections, not in the service layer, so that every host (the embedded
-runner in streams/, the Faust agents next) and the service layer share one definition:
+Kept beside the projections, not in the service layer, so that the projection host
+(streams/host.py) and the service layer share one definition:
 `storage_failure(exc)` recognises a full disk or a storage I/O error anywhere in an
 exception's chain (SQLite, eventsourcing's wrappers, RocksDB, OSError); `Throttled` logs
 a recurring condition once per interval, with a count."""

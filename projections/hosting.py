@@ -1,4 +1,4 @@
-"""What a projection host (the embedded runner; Faust agents next) needs to know: one
+"""What the projection host (`streams/host.py`, in every runtime) needs to know: one
 shape for every projection, and the one declared list of them.
 
 A projection is `process(event, position, writer) -> effects`: it folds an event into

@@ -2,8 +2,8 @@
 unit of work that also records the tracking position, so each notification is
 applied exactly once; everything that reads the views (the runner, the projections,
 `Queries`, the push hub, the tools) reads through a `ViewReader`. Every backend
-(SQLite + RocksDB and the in-memory one here, CQL later) implements these and passes
-the one contract suite per port in tests/contract/.
+(SQLite + RocksDB, Cassandra, and the in-memory one) implements these and passes the one
+contract suite per port in tests/contract/.
 
 No read needs a join: the login read is the user's state rows (one partition by
 tenant + user) and one batched read of those conversations' heads, combined by the
@@ -24,10 +24,10 @@ from projections.state import UserConversationState
 # (user_id, pos, conversation_seq, conversation_id, flags): one UserMailboxEntry
 MailboxEntry = tuple[str, int, int, str, int]
 
-# The parts of the views a unit of work writes (a rebuild restricts it to some):
+# The targets of the views a unit of work writes (a rebuild restricts it to some):
 # the mailbox store, the member states, and the rest (heads, messages, delivery
 # records, reviews, tiers).
-ALL_PARTS = frozenset({"mailbox", "state", "heads"})
+ALL_TARGETS = frozenset({"mailbox", "state", "heads"})
 
 
 @dataclass(frozen=True)
@@ -150,7 +150,7 @@ class ViewReader(Protocol):
     def log_position(self, partition: int) -> LogPosition | None:
         """The LogPosition the last unit of this partition wrote; None before any."""
 
-    def low_watermark(self, projection: str) -> int:
+    def views_position(self, projection: str) -> int:
         """The position every partition of the log has applied for this projection: the
         minimum of position(projection, p) over partitions 0..partitions-1 (a partition
         never tracked counts 0). One partition: position(projection, 0)."""
@@ -215,7 +215,7 @@ class ViewReader(Protocol):
         """The cost record, with the runtime facts materialized_at and online_pushes."""
 
     def mailbox_page(self, tenant: str, user_id: str, after: int, limit: int) -> list[MailboxEntry]:
-        """Mailbox entries after `after` up to low_watermark("delivery"): the position
+        """Mailbox entries after `after` up to views_position("delivery"): the position
         every partition has committed, so a cursor never skips an entry whose views have
         not committed yet, even when partitions commit in different orders on different
         workers."""
@@ -244,10 +244,10 @@ class ViewStore(ViewReader, Protocol):
     atomic_units: bool
 
     def unit_of_work(
-        self, parts: frozenset[str] = ALL_PARTS, *, now: float | None = None
+        self, targets: frozenset[str] = ALL_TARGETS, *, now: float | None = None
     ) -> AbstractContextManager[ViewWriter]:
         """Writes in the block and the tracking positions commit together or not at all.
-        Only the writes of `parts` are kept; `now` stamps materialized_at."""
+        Only the writes of `targets` are kept; `now` stamps materialized_at."""
 
     def record_pushes(self, tenant: str, conversation_id: str, seq: int, pushes: int) -> None:
         """Add online pushes to a delivery record (after its unit committed)."""
@@ -285,15 +285,15 @@ class AsideBuilds(Protocol):
 
     tables: tuple[str, ...]  # the tables verify compares and `rebuild all` reports
 
-    def tables_of(self, parts: frozenset[str]) -> list[str]:
-        """The tables the writes of `parts` go to (not the mailbox store)."""
+    def tables_of(self, targets: frozenset[str]) -> list[str]:
+        """The tables the writes of `targets` go to (not the mailbox store)."""
 
     def remove(self, directory: Path, prefix: str) -> None:
         """Delete views built aside (nothing if there are none)."""
 
-    def swap(self, data_dir: Path, prefix: str, target: str, parts: frozenset[str]) -> None:
+    def swap(self, data_dir: Path, prefix: str, target: str, targets: frozenset[str]) -> None:
         """Put the views built aside in place of the live ones: whole stores for `all`
-        (views and mailbox) and `mailbox`, else the tables of `parts` in one transaction
+        (views and mailbox) and `mailbox`, else the tables of `targets` in one transaction
         (StaleAside if the live views moved). Runtime facts of the live delivery records
         are carried over."""
 

@@ -20,7 +20,7 @@ from domain.params import Parameters
 from domain.review import topics_of
 from projections.failures import Throttled, storage_failure
 from projections.hosting import PROJECTIONS, Effect, Projection, ViewsTracked, build_projections, topics
-from projections.ports import ALL_PARTS, ViewStore
+from projections.ports import ALL_TARGETS, ViewStore
 from streams.host import ProjectionHost
 from streams.notification_log import NotificationLog
 from streams.records import EventRecord
@@ -36,7 +36,7 @@ class EmbeddedRunner:
         views: ViewStore,
         params: Parameters,
         *,
-        parts: frozenset[str] = ALL_PARTS,
+        targets: frozenset[str] = ALL_TARGETS,
         on_effects: Callable[[Sequence[Effect]], None] | None = None,
         batch: int = 500,
         max_entries_per_commit: int = 200_000,
@@ -49,7 +49,7 @@ class EmbeddedRunner:
         self.app = app
         self.views = views
         self.params = params
-        self.parts = parts
+        self.targets = targets
         self.on_effects = on_effects
         self.batch = batch
         self.linger = linger
@@ -60,7 +60,7 @@ class EmbeddedRunner:
             self.log.to_domain_event,
             self._effects,
             max_entries_per_commit=max_entries_per_commit,
-            parts=parts,
+            targets=targets,
         )
         self._wake = threading.Event()
         self._stop = threading.Event()

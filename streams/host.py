@@ -40,7 +40,7 @@ from projections.capacity import ReviewTrigger
 from projections.capacity_monitor import CapacityMonitor
 from projections.delivery import DeliveryProjection
 from projections.hosting import Effect, Projection, ViewsTracked, build_projections, topics
-from projections.ports import ALL_PARTS, LogPosition, ViewStore
+from projections.ports import ALL_TARGETS, LogPosition, ViewStore
 from streams.records import EventRecord, Watermark
 
 log = logging.getLogger("fanout.host")
@@ -122,9 +122,9 @@ class ProjectionHost:
         max_entries_per_commit: int = 200_000,
         triggers: bool = True,
         log_reader: LogReader | None = None,
-        parts: frozenset[str] = ALL_PARTS,
+        targets: frozenset[str] = ALL_TARGETS,
     ) -> None:
-        """`parts`: the parts of the views a unit writes (a rebuild of some of them).
+        """`targets`: the targets of the views a unit writes (a rebuild of some of them).
         `triggers=False`: each partition's capacity window only counts; T1/T2 are
         evaluated over the merged windows by `evaluate_capacity` (ADR-0020). `log_reader`:
         reads a partition range again when the views stand behind the records handed in
@@ -135,7 +135,7 @@ class ProjectionHost:
         self.to_domain_event = to_domain_event
         self.on_effects = on_effects
         self.max_entries_per_commit = max_entries_per_commit
-        self.parts = parts
+        self.targets = targets
         self.stats = HostStats()
         self._sets: dict[int, tuple[Projection, ...]] = {}
         self._routes: dict[int, dict[type, tuple[Projection, ...]]] = {}
@@ -316,7 +316,7 @@ class ProjectionHost:
         labels: set[str] = set()  # the kinds of events in the unit (failpoints)
         folds: dict[int, _Fold] = {}
         try:
-            with self.views.unit_of_work(self.parts) as w:
+            with self.views.unit_of_work(self.targets) as w:
                 w.checkpoint = self._checkpoint({p: self._committed.get(p) for p in work}, labels)
                 for partition, records in work.items():
                     w.partition = partition

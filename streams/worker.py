@@ -109,7 +109,7 @@ class Applier:
         """The take's records of every partition, in one unit of work where the rules allow
         (ProjectionHost.apply_take), retried after a failure until they commit."""
         loop = asyncio.get_running_loop()
-        parts = ",".join(map(str, sorted(by_partition)))
+        held = ",".join(map(str, sorted(by_partition)))
         failures = 0
         while True:
             try:
@@ -125,14 +125,14 @@ class Applier:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 reason = storage_failure(exc) or "projector_failed"
                 if failures == 1 and engine_unavailable(exc):  # one line: it says what is away
-                    log.error("unit of work of partitions %s failed: %s; retrying it", parts, self.last_error)
+                    log.error("unit of work of partitions %s failed: %s; retrying it", held, self.last_error)
                 elif failures == 1:  # anything else may be a bug: its stack
-                    log.exception("unit of work of partitions %s failed (%s); retrying it", parts, reason)
+                    log.exception("unit of work of partitions %s failed (%s); retrying it", held, reason)
                 else:
-                    self._throttled("failing", logging.ERROR, "partitions %s still failing: %s", parts, self.last_error)
+                    self._throttled("failing", logging.ERROR, "partitions %s still failing: %s", held, self.last_error)
                 await asyncio.sleep(self.backoff)
         if failures:
-            log.warning("partitions %s recovered after %d failed attempts", parts, failures)
+            log.warning("partitions %s recovered after %d failed attempts", held, failures)
             self.last_error = None
 
     async def forget(self, partitions: Iterable[int]) -> None:
@@ -311,11 +311,11 @@ class ProjectionWorker:
         return {tp.partition for tp in tps if tp.topic == self.settings.topic}
 
     async def _revoked(self, sender: Any, *args: Any, **kwargs: Any) -> None:
-        parts = self._ours(args[0] if args else kwargs.get("revoked", ()))
-        self.assigned -= parts
-        if parts:
-            log.info("partitions %s revoked: their working sets are forgotten", sorted(parts))
-            await self.applier.forget(parts)
+        revoked = self._ours(args[0] if args else kwargs.get("revoked", ()))
+        self.assigned -= revoked
+        if revoked:
+            log.info("partitions %s revoked: their working sets are forgotten", sorted(revoked))
+            await self.applier.forget(revoked)
 
     async def _assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         self.assigned = self._ours(args[0] if args else kwargs.get("assigned", ()))

@@ -3,7 +3,7 @@
 
 Both hold the data-dir lock, catch the live views up to the end of the log, then
 project the whole log again ASIDE into `rebuild-views.sqlite` + `rebuild-mailbox.rocksdb` (or a scratch dir for
-verify) with a runner restricted to the selected parts and without effects (no
+verify) with a runner restricted to the selected targets and without effects (no
 online push, no review trigger). `rebuild` then swaps the result in; `verify`
 diffs it against the live views.
 
@@ -28,10 +28,10 @@ from domain.params import Parameters
 from fanout.bootstrap import bootstrap, open_views, rebuild_host, sqlite_aside_builds
 from fanout.embedded import EmbeddedRuntime
 from projections.delivery import DeliveryProjection
-from projections.ports import ALL_PARTS, AsideBuilds, StaleAside, ViewStore
+from projections.ports import ALL_TARGETS, AsideBuilds, StaleAside, ViewStore
 
 TARGETS: dict[str, frozenset[str]] = {
-    "all": ALL_PARTS,
+    "all": ALL_TARGETS,
     "mailbox": frozenset({"mailbox"}),
     "state": frozenset({"state"}),
     "heads": frozenset({"heads"}),
@@ -86,16 +86,16 @@ def build_aside(
     rt: EmbeddedRuntime,
     directory: Path,
     prefix: str,
-    parts: frozenset[str],
+    targets: frozenset[str],
     progress: Progress | None = None,
 ) -> ViewStore:
     """Project the whole log from position 0 into fresh views at directory/prefix*.
 
-    With a subset of parts the writer skips the other tables, but the projection
+    With a subset of targets the writer skips the other tables, but the projection
     still keeps its whole in-memory model, so building from 0 needs nothing else."""
     ASIDE.remove(directory, prefix)
     aside = open_views(directory, rt.params.mailbox_shards, prefix=prefix)
-    runner = rebuild_host(rt.app, aside, rt.params, parts=parts)
+    runner = rebuild_host(rt.app, aside, rt.params, targets=targets)
     top = runner.log_position()
     try:
         runner.catch_up((lambda _n: progress(runner.position(), top)) if progress else None)
@@ -118,7 +118,7 @@ def rebuild(
 ) -> RebuildResult:
     if target not in TARGETS:
         raise RebuildError(f"rebuild target must be one of {', '.join(TARGETS)}")
-    parts = TARGETS[target]
+    targets = TARGETS[target]
     data_dir = Path(data_dir)
     if not (data_dir / "events.sqlite").exists():
         raise RebuildError(f"{data_dir} has no event store (events.sqlite); nothing to rebuild from")
@@ -128,7 +128,7 @@ def rebuild(
         with _bar("catch up live views", rt.runner.position(), rt.runner.log_position(), progress, out) as bar:
             catch_up_live(rt, bar)
         with _bar(f"rebuild {target}", 0, rt.runner.log_position(), progress, out) as bar:
-            aside = build_aside(rt, data_dir, REBUILD_PREFIX, parts, bar)
+            aside = build_aside(rt, data_dir, REBUILD_PREFIX, targets, bar)
         position = aside.position(DeliveryProjection.name)
         live_position = rt.views.position(DeliveryProjection.name)
         aside.close()
@@ -137,23 +137,23 @@ def rebuild(
         # Close the live connections before touching the files or tables they hold.
         rt.views.close()
         try:
-            ASIDE.swap(data_dir, REBUILD_PREFIX, target, parts)
+            ASIDE.swap(data_dir, REBUILD_PREFIX, target, targets)
         except StaleAside as exc:
             raise RebuildError(str(exc)) from None
-        rows = _rows(data_dir, target, parts, params)
+        rows = _rows(data_dir, target, targets, params)
     finally:
         ASIDE.remove(data_dir, REBUILD_PREFIX)
         rt.close()
     return RebuildResult(target, position, rows, time.monotonic() - started)
 
 
-def _rows(data_dir: Path, target: str, parts: frozenset[str], params: Parameters) -> dict[str, int]:
+def _rows(data_dir: Path, target: str, targets: frozenset[str], params: Parameters) -> dict[str, int]:
     """What the swapped-in views hold: rows per table rebuilt, and the mailbox entries."""
-    tables = list(ASIDE.tables) if target == "all" else [] if target == "mailbox" else ASIDE.tables_of(parts)
+    tables = list(ASIDE.tables) if target == "all" else [] if target == "mailbox" else ASIDE.tables_of(targets)
     views = open_views(data_dir, params.mailbox_shards)
     try:
         rows = ASIDE.rows(data_dir, tables)
-        if "mailbox" in parts:
+        if "mailbox" in targets:
             rows["mailbox"] = views.mailbox.count()
     finally:
         views.close()
@@ -183,7 +183,7 @@ def verify(
         with _bar("catch up live views", rt.runner.position(), rt.runner.log_position(), progress, out) as bar:
             catch_up_live(rt, bar)
         with _bar("recompute", 0, rt.runner.log_position(), progress, out) as bar:
-            aside = build_aside(rt, scratch, "", ALL_PARTS, bar)
+            aside = build_aside(rt, scratch, "", ALL_TARGETS, bar)
         position = aside.position(DeliveryProjection.name)
         result = VerifyResult(position=position, rows={})
         tables = ASIDE.diff(data_dir, scratch, limit)
@@ -311,7 +311,7 @@ def _settled(aside: Any, partitions: int, timeout: float, err: TextIO, progress:
 
 
 def _build_distributed(
-    settings: Any, app: Any, keyspace: str, top: int, parts: frozenset[str], desc: str, progress: bool, out: TextIO
+    settings: Any, app: Any, keyspace: str, top: int, targets: frozenset[str], desc: str, progress: bool, out: TextIO
 ) -> Any:
     """Project positions 1..top of the PostgreSQL log into a fresh keyspace (its tables
     created by the Cassandra views adapter), no effects; returns those views (open)."""
@@ -319,7 +319,7 @@ def _build_distributed(
 
     store = open_distributed_views(settings, keyspace=keyspace)
     try:
-        runner = rebuild_host(app, store, settings.params, parts=parts, until=top)
+        runner = rebuild_host(app, store, settings.params, targets=targets, until=top)
         with _bar(desc, 0, top, progress, out) as bar:
             runner.catch_up(lambda _n: bar(runner.position(), top))
         built = runner.position()
@@ -380,7 +380,7 @@ def verify_distributed(
         top = one_position(before, partitions)[0]
         if top > (app.recorder.max_notification_id() or 0):
             raise RebuildError(f"the views are at position {top}, past the end of the log: wrong FANOUT_EVENT_STORE?")
-        built = _build_distributed(settings, app, scratch, top, ALL_PARTS, "recompute", progress, out)
+        built = _build_distributed(settings, app, scratch, top, ALL_TARGETS, "recompute", progress, out)
         built.close()
         built = None
         tables = aside.diff(scratch, limit, _table_progress(progress, out, "compare"))
@@ -433,7 +433,7 @@ def rebuild_distributed(
 
     if target not in TARGETS:
         raise RebuildError(f"rebuild target must be one of {', '.join(TARGETS)}")
-    parts = TARGETS[target]
+    targets = TARGETS[target]
     out = sys.stderr if out is None else out
     started = time.monotonic()
     partitions = log_partitions(settings)
@@ -461,11 +461,11 @@ def rebuild_distributed(
                 "mid-stream. Stop the relay, start the workers until the views reach the log, stop them, run this again"
             )
         aside.remove(keyspace)  # a crashed rebuild's leftovers
-        built = _build_distributed(settings, app, keyspace, top, parts, f"rebuild {target}", progress, out)
+        built = _build_distributed(settings, app, keyspace, top, targets, f"rebuild {target}", progress, out)
         built.close()
         built = None
         no_workers()
-        tables = aside.tables_of(parts)
+        tables = aside.tables_of(targets)
         try:
             merged = aside.swap(keyspace, tables, before, _table_progress(progress, out, "switch"))
         except StaleAside as exc:

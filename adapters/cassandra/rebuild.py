@@ -17,7 +17,7 @@ cluster's partitioner): rows are grouped by token and the groups merged, so memo
 one partition at a time (a 100k-member group's state partition at most), not a table.
 
 The tables and their keys are read from system_schema: this module knows which tables each
-part writes (PART_TABLES, beside their DDL in schema.py) and which columns are runtime facts
+part writes (TARGET_TABLES, beside their DDL in schema.py) and which columns are runtime facts
 (projections/rows.py), nothing else; the composition root hands it the live views' session."""
 
 from __future__ import annotations
@@ -30,12 +30,12 @@ from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent
 from cassandra.query import PreparedStatement, SimpleStatement
 
-from adapters.cassandra.schema import PART_TABLES
+from adapters.cassandra.schema import TARGET_TABLES
 from adapters.cassandra.stamps import RANK_REBUILD, stamp
 from projections.ports import StaleAside, StoreDiff
 from projections.rows import DELIVERY_RUNTIME
 
-TABLES: tuple[str, ...] = (*PART_TABLES["heads"][:5], *PART_TABLES["state"], *PART_TABLES["heads"][5:], "mailbox")
+TABLES: tuple[str, ...] = (*TARGET_TABLES["heads"][:5], *TARGET_TABLES["state"], *TARGET_TABLES["heads"][5:], "mailbox")
 
 # Runtime facts, not derived from the log: ignored by verify, carried over by a merge.
 # (delivery: when and to how many online devices the message was first pushed; reviews:
@@ -89,9 +89,9 @@ class CassandraAsideBuilds:
         self.keyspace = keyspace  # the live keyspace (FANOUT_VIEWS)
         self._tables: dict[str, Table] = {}
 
-    def tables_of(self, parts: frozenset[str]) -> list[str]:
-        """The tables the writes of `parts` go to (the mailbox table too)."""
-        return [t for t in TABLES if any(t in PART_TABLES[p] for p in parts)]
+    def tables_of(self, targets: frozenset[str]) -> list[str]:
+        """The tables the writes of `targets` go to (the mailbox table too)."""
+        return [t for t in TABLES if any(t in TARGET_TABLES[p] for p in targets)]
 
     # -- keyspaces -----------------------------------------------------------------------
 
@@ -120,7 +120,7 @@ class CassandraAsideBuilds:
 
     def diff(self, rebuilt: str, limit: int, progress: Progress | None = None) -> StoreDiff:
         """Compare every table of the live keyspace with the rebuilt keyspace's (runtime
-        facts left out); positions: the delivery projection's low watermark in each."""
+        facts left out); positions: the delivery projection's views' position in each."""
         live_pos = self.positions()
         new_pos = self.positions(rebuilt)
         result = StoreDiff(positions=(_low(live_pos), _low(new_pos)), rows={})

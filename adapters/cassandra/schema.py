@@ -71,7 +71,7 @@ ALL_TABLES: tuple[str, ...] = (*TABLES, MAILBOX_TABLE)  # the views' tables and 
 
 
 # The tables each part of the views writes (the mailbox is a table of the keyspace here).
-PART_TABLES: dict[str, tuple[str, ...]] = {
+TARGET_TABLES: dict[str, tuple[str, ...]] = {
     "mailbox": ("mailbox",),
     "state": ("conversation_states", "user_states", "login_index"),
     "heads": (

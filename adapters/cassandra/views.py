@@ -37,7 +37,7 @@ from adapters.cassandra.connect import Connection, open_session, run
 from adapters.cassandra.mailbox import INSERT_ENTRY, CassandraMailbox, Row, grouped
 from adapters.cassandra.schema import TABLES
 from adapters.cassandra.stamps import stamp
-from projections.ports import ALL_PARTS, LogPosition, MailboxEntry, MailboxStore, MessageRefs
+from projections.ports import ALL_TARGETS, LogPosition, MailboxEntry, MailboxStore, MessageRefs
 from projections.rows import (
     DELIVERY_RECORD,
     HEAD_COLUMNS,
@@ -148,8 +148,8 @@ class CassandraWriter:
     """The ViewWriter of one unit of work: every write is buffered (the last one per key
     wins, as it would in order), executed by the store when the block exits cleanly."""
 
-    def __init__(self, parts: frozenset[str], partition: int) -> None:
-        self.parts = parts
+    def __init__(self, targets: frozenset[str], partition: int) -> None:
+        self.targets = targets
         self.partition = partition
         self.mailbox: list[tuple[str, MessageRefs]] = []
         self.mailbox_entries = 0
@@ -209,17 +209,17 @@ class CassandraWriter:
         self._from("capacity", name)
 
     def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any]) -> None:
-        if "heads" in self.parts:
+        if "heads" in self.targets:
             self.heads[(tenant, conversation_id)] = copy.deepcopy(head)
             self._from(tenant, conversation_id)
 
     def put_message(self, tenant: str, conversation_id: str, message: dict[str, Any]) -> None:
-        if "heads" in self.parts:
+        if "heads" in self.targets:
             self.messages[(tenant, conversation_id, message["conversation_seq"])] = copy.deepcopy(message)
             self._from(tenant, conversation_id)
 
     def put_mailbox(self, tenant: str, refs: MessageRefs) -> None:
-        if "mailbox" not in self.parts or not refs.shards:
+        if "mailbox" not in self.targets or not refs.shards:
             return
         self.mailbox.append((tenant, refs))
         self.mailbox_entries += sum(len(b) for b in refs.shards.values())
@@ -227,13 +227,13 @@ class CassandraWriter:
     def put_states(
         self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]
     ) -> None:
-        if "state" in self.parts:
+        if "state" in self.targets:
             self._from(tenant, conversation_id)
             for u, s in states:
                 self.states[(tenant, conversation_id, u)] = ("put", copy.deepcopy(s))
 
     def put_gaps(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]) -> None:
-        if "state" not in self.parts:
+        if "state" not in self.targets:
             return
         self._from(tenant, conversation_id)
         for u, s in states:
@@ -251,14 +251,14 @@ class CassandraWriter:
             # a row deleted in this unit stays deleted (a gap update touches existing rows only)
 
     def delete_state(self, tenant: str, conversation_id: str, user_id: str) -> None:
-        if "state" in self.parts:
+        if "state" in self.targets:
             self.states[(tenant, conversation_id, user_id)] = ("delete", None)
             self._from(tenant, conversation_id)
 
     def put_activity(
         self, tenant: str, conversation_id: str, user_ids: Sequence[str], bucket: int, previous: int | None
     ) -> None:
-        if "state" not in self.parts:
+        if "state" not in self.targets:
             return
         self._from(tenant, conversation_id)
         for u in user_ids:
@@ -269,26 +269,26 @@ class CassandraWriter:
             self.activity[key] = (bucket, drops - {bucket})
 
     def delete_activity(self, tenant: str, conversation_id: str, user_id: str, bucket: int) -> None:
-        if "state" in self.parts:
+        if "state" in self.targets:
             self._from(tenant, conversation_id)
             key = (tenant, user_id, conversation_id)
             queued, drops = self.activity.get(key, (None, frozenset()))
             self.activity[key] = (None, drops | {bucket} | ({queued} if queued is not None else set()))
 
     def put_delivery(self, tenant: str, conversation_id: str, seq: int, record: dict[str, Any]) -> None:
-        if "heads" in self.parts:
+        if "heads" in self.targets:
             self.deliveries[(tenant, conversation_id, seq)] = dict(record)
             self._from(tenant, conversation_id)
 
     def put_review(self, review: dict[str, Any]) -> None:
-        if "heads" in self.parts:
+        if "heads" in self.targets:
             r = _json(review)
             self.reviews.pop(r["review_id"], None)  # the one written last goes last
             self.reviews[r["review_id"]] = r
             self._from("review", r["review_id"])
 
     def put_tier(self, tier: dict[str, Any]) -> None:
-        if "heads" in self.parts:
+        if "heads" in self.targets:
             t = _json(tier)
             self.tiers.setdefault(t["tier_id"], {}).update(t)
             self._from("tier", t["tier_id"])
@@ -310,7 +310,7 @@ class CassandraViews:
         in_flight: int = IN_FLIGHT,
     ) -> None:
         """`session`: a connected session whose keyspace has the tables (connect.open_session
-        makes both); `partitions`: the log's partition count (the low watermark is the
+        makes both); `partitions`: the log's partition count (the views' position is the
         minimum over them); `connection`: the session's Connection when this store owns it
         (close() closes it, after the mailbox; connect.py); `in_flight`:
         requests in the air at once while a unit of work commits (ADR-0027: at RF 3 each
@@ -467,12 +467,12 @@ class CassandraViews:
 
     @contextmanager
     def unit_of_work(
-        self, parts: frozenset[str] = ALL_PARTS, *, now: float | None = None, partition: int = 0
+        self, targets: frozenset[str] = ALL_TARGETS, *, now: float | None = None, partition: int = 0
     ) -> Iterator[CassandraWriter]:
         """Writes in the block are executed when it exits without an exception (an
         exception writes nothing), in the crash-safe order of the module docstring."""
         with self._lock:
-            w = CassandraWriter(parts, partition)
+            w = CassandraWriter(targets, partition)
             yield w
             self._commit(w, now)
 
@@ -661,7 +661,7 @@ class CassandraViews:
         row = self.session.execute(self._r["log_position"], (partition,)).one()
         return LogPosition(int(row["position"]), int(row["next_offset"])) if row is not None else None
 
-    def low_watermark(self, projection: str) -> int:
+    def views_position(self, projection: str) -> int:
         """The position every partition 0..partitions-1 has applied (one partition read)."""
         tracked = {
             int(r["partition"]): int(r["position"]) for r in self.session.execute(self._r["projection"], (projection,))
@@ -817,9 +817,9 @@ class CassandraViews:
         return out
 
     def mailbox_page(self, tenant: str, user_id: str, after: int, limit: int) -> list[MailboxEntry]:
-        """Entries up to the delivery projection's low watermark: partitions commit in
+        """Entries up to the delivery projection's views' position: partitions commit in
         any order, and a cursor must never pass an entry another partition has yet to write."""
-        return self.mailbox.read(tenant, user_id, after, self.low_watermark("delivery"), limit)
+        return self.mailbox.read(tenant, user_id, after, self.views_position("delivery"), limit)
 
     # -- admin views -----------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ Swap:
   A crash between the two leaves no live mailbox and the old one beside it: rename
   it back, or run the rebuild again.
 * `state`, `heads`: the rebuilt tables are copied into the live views.sqlite in one
-  transaction (ATTACH, DELETE, INSERT SELECT), so the other parts stay untouched.
+  transaction (ATTACH, DELETE, INSERT SELECT), so the other targets stay untouched.
 
 Runtime facts: `delivery.materialized_at` and `delivery.online_pushes` describe what
 happened when the message was first delivered; a rebuild cannot recompute them. For
@@ -35,7 +35,7 @@ VIEWS_FILE = "views.sqlite"
 MAILBOX_DIR = "mailbox.rocksdb"
 
 # The tables of views.sqlite each part writes (the mailbox lives in mailbox.rocksdb).
-PART_TABLES: dict[str, tuple[str, ...]] = {
+TARGET_TABLES: dict[str, tuple[str, ...]] = {
     "state": ("states",),
     "heads": ("heads", "messages", "delivery", "reviews", "tiers"),
 }
@@ -49,19 +49,19 @@ TRACKED = "delivery"  # the projection whose position says how far the views are
 class SqliteAsideBuilds:
     tables: tuple[str, ...] = TABLES
 
-    def tables_of(self, parts: frozenset[str]) -> list[str]:
-        return [t for p in sorted(parts) for t in PART_TABLES.get(p, ())]
+    def tables_of(self, targets: frozenset[str]) -> list[str]:
+        return [t for p in sorted(targets) for t in TARGET_TABLES.get(p, ())]
 
     def remove(self, directory: Path, prefix: str) -> None:
         for suffix in ("", "-wal", "-shm", "-journal"):
             Path(f"{directory / prefix}{VIEWS_FILE}{suffix}").unlink(missing_ok=True)
         shutil.rmtree(directory / f"{prefix}{MAILBOX_DIR}", ignore_errors=True)
 
-    def swap(self, data_dir: Path, prefix: str, target: str, parts: frozenset[str]) -> None:
+    def swap(self, data_dir: Path, prefix: str, target: str, targets: frozenset[str]) -> None:
         live_views = data_dir / VIEWS_FILE
         new_views = data_dir / f"{prefix}{VIEWS_FILE}"
         if target not in ("all", "mailbox"):
-            self._copy_tables(live_views, new_views, self.tables_of(parts))
+            self._copy_tables(live_views, new_views, self.tables_of(targets))
             return
         if target == "all":
             if live_views.exists():

@@ -21,7 +21,7 @@ from typing import Any
 from uuid import UUID
 
 from adapters.sqlite.connect import connect
-from projections.ports import ALL_PARTS as ALL_PARTS  # the parts a unit of work writes
+from projections.ports import ALL_TARGETS as ALL_TARGETS  # the targets a unit of work writes
 from projections.ports import LogPosition, MailboxEntry, MailboxStore, MessageRefs
 from projections.rows import (
     DELIVERY_RECORD,
@@ -163,9 +163,9 @@ class SqliteWriter:
     """The ViewWriter of one unit of work. Mailbox shards are buffered and written
     by the store before the views transaction commits."""
 
-    def __init__(self, con: sqlite3.Connection, parts: frozenset[str]) -> None:
+    def __init__(self, con: sqlite3.Connection, targets: frozenset[str]) -> None:
         self.con = con
-        self.parts = parts
+        self.targets = targets
         self.mailbox: list[tuple[str, MessageRefs]] = []
         self.mailbox_entries = 0
         self.deliveries: list[tuple[str, str, int]] = []
@@ -183,7 +183,7 @@ class SqliteWriter:
         self.log_positions[partition] = LogPosition(position, next_offset)
 
     def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any]) -> None:
-        if "heads" not in self.parts:
+        if "heads" not in self.targets:
             return
         self.con.execute(
             f"INSERT OR REPLACE INTO heads (tenant, conversation_id, {', '.join(HEAD_COLUMNS)}) "
@@ -192,7 +192,7 @@ class SqliteWriter:
         )
 
     def put_message(self, tenant: str, conversation_id: str, m: dict[str, Any]) -> None:
-        if "heads" not in self.parts:
+        if "heads" not in self.targets:
             return
         self.con.execute(
             f"INSERT OR REPLACE INTO messages (tenant, {', '.join(MESSAGE_COLUMNS)}) "
@@ -201,7 +201,7 @@ class SqliteWriter:
         )
 
     def put_mailbox(self, tenant: str, refs: MessageRefs) -> None:
-        if "mailbox" not in self.parts or not refs.shards:
+        if "mailbox" not in self.targets or not refs.shards:
             return
         self.mailbox.append((tenant, refs))
         self.mailbox_entries += sum(len(b) for b in refs.shards.values())
@@ -209,7 +209,7 @@ class SqliteWriter:
     def put_states(
         self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]
     ) -> None:
-        if "state" not in self.parts:
+        if "state" not in self.targets:
             return
         self.con.executemany(
             f"INSERT OR REPLACE INTO states (tenant, user_id, conversation_id, {', '.join(STATE_COLUMNS)}) "
@@ -219,7 +219,7 @@ class SqliteWriter:
 
     def put_gaps(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]) -> None:
         """Only the gap columns, updated in place: the burst of a policy switch."""
-        if "state" not in self.parts:
+        if "state" not in self.targets:
             return
         self.con.executemany(
             "UPDATE states SET delivered_conversation_seq=?, skipping=?, gap_end=? "
@@ -228,7 +228,7 @@ class SqliteWriter:
         )
 
     def delete_state(self, tenant: str, conversation_id: str, user_id: str) -> None:
-        if "state" not in self.parts:
+        if "state" not in self.targets:
             return
         self.con.execute(
             "DELETE FROM states WHERE tenant=? AND user_id=? AND conversation_id=?", (tenant, user_id, conversation_id)
@@ -243,7 +243,7 @@ class SqliteWriter:
         """No login index here (put_activity)."""
 
     def put_delivery(self, tenant: str, conversation_id: str, seq: int, r: dict[str, Any]) -> None:
-        if "heads" not in self.parts:
+        if "heads" not in self.targets:
             return
         self.con.execute(  # the runtime facts start NULL (REPLACE deletes the row it replaces)
             f"INSERT OR REPLACE INTO delivery (tenant, conversation_id, conversation_seq, {', '.join(DELIVERY_RECORD)}) "
@@ -253,14 +253,14 @@ class SqliteWriter:
         self.deliveries.append((tenant, conversation_id, seq))
 
     def put_review(self, review: dict[str, Any]) -> None:
-        if "heads" not in self.parts:
+        if "heads" not in self.targets:
             return
         self.con.execute(
             "INSERT OR REPLACE INTO reviews VALUES (?,?,?)", (review["review_id"], review["tenant"], json.dumps(review))
         )
 
     def put_tier(self, tier: dict[str, Any]) -> None:
-        if "heads" not in self.parts:
+        if "heads" not in self.targets:
             return
         old = self.con.execute("SELECT body FROM tiers WHERE tier_id=?", (tier["tier_id"],)).fetchone()
         body = json.loads(old[0]) if old else {}
@@ -298,12 +298,12 @@ class SqliteViews:
     # -- writing -------------------------------------------------------------
 
     @contextmanager
-    def unit_of_work(self, parts: frozenset[str] = ALL_PARTS, *, now: float | None = None) -> Iterator[SqliteWriter]:
+    def unit_of_work(self, targets: frozenset[str] = ALL_TARGETS, *, now: float | None = None) -> Iterator[SqliteWriter]:
         """Everything written in the block commits with the tracking positions.
         The mailbox shards are made durable first (idempotent), then the views."""
         with self._write_lock:
             con = self._con
-            w = SqliteWriter(con, parts)
+            w = SqliteWriter(con, targets)
             con.execute("BEGIN IMMEDIATE")
             try:
                 yield w
@@ -386,7 +386,7 @@ class SqliteViews:
         )
         return LogPosition(int(row[0]), int(row[1])) if row else None
 
-    def low_watermark(self, projection: str) -> int:
+    def views_position(self, projection: str) -> int:
         """One log, one partition."""
         return self.position(projection, 0)
 
@@ -606,7 +606,7 @@ class SqliteViews:
 
     def mailbox_page(self, tenant: str, user_id: str, after: int, limit: int) -> list[MailboxEntry]:
         # Only entries whose views transaction committed are visible: a cursor never skips.
-        until = self.low_watermark("delivery")
+        until = self.views_position("delivery")
         return self.mailbox.read(tenant, user_id, after, until, limit)
 
     def reopen_mailbox(self) -> None:

@@ -14,7 +14,7 @@ from fanout.bootstrap.embedded import open_application
 from fanout.bootstrap.replica import open_cassandra_views
 from fanout.config import Settings, is_distributed
 from fanout.urls import cassandra_settings, kafka_settings, postgres_env
-from projections.ports import ALL_PARTS, AsideBuilds, ViewStore
+from projections.ports import ALL_TARGETS, AsideBuilds, ViewStore
 from streams.embedded import EmbeddedRunner
 
 if TYPE_CHECKING:
@@ -27,12 +27,12 @@ def rebuild_host(
     views: ViewStore,
     params: Parameters,
     *,
-    parts: frozenset[str] = ALL_PARTS,
+    targets: frozenset[str] = ALL_TARGETS,
     until: int | None = None,
 ) -> EmbeddedRunner:
     """The projection host a rebuild runs: the event store's notification log (up to `until`)
-    into `views`, the projections of `parts` only, on any engine."""
-    return EmbeddedRunner(app, views, params, parts=parts, until=until)
+    into `views`, the projections of `targets` only, on any engine."""
+    return EmbeddedRunner(app, views, params, targets=targets, until=until)
 
 
 def sqlite_aside_builds() -> AsideBuilds:

@@ -323,7 +323,7 @@ class ViewStoreContract:
 
 class PartitionedLogContract:
     """Stores built with partitions=2 (a log of two Kafka partitions): the mailbox is
-    served up to the low watermark, the position every partition has committed."""
+    served up to the views' position, the position every partition has committed."""
 
     def make_partitioned(self, path: Path) -> ViewStore:
         raise NotImplementedError
@@ -340,14 +340,14 @@ class PartitionedLogContract:
         with views2.unit_of_work() as w:  # partition 1 commits ahead of partition 0
             w.put_mailbox(T, refs("c", 10, 1, ["a"]))
             w.track("delivery", 10, partition=1)
-        assert views2.position("delivery", 1) == 10 and views2.low_watermark("delivery") == 5
+        assert views2.position("delivery", 1) == 10 and views2.views_position("delivery") == 5
         assert views2.mailbox_page(T, "a", 0, 10) == []  # partition 0 may still write below 10
         with views2.unit_of_work() as w:
             w.track("delivery", 9, partition=0)
         assert views2.mailbox_page(T, "a", 0, 10) == []
         with views2.unit_of_work() as w:
             w.track("delivery", 12, partition=0)
-        assert views2.low_watermark("delivery") == 10
+        assert views2.views_position("delivery") == 10
         assert [e[1] for e in views2.mailbox_page(T, "a", 0, 10)] == [10]
 
     def test_a_unit_spanning_partitions_stamps_each_row_with_its_own_partitions_position(
@@ -377,11 +377,11 @@ class PartitionedLogContract:
         assert views2.message(T, "c0", 1)["text"] == "edited by a later unit"
         assert views2.head(T, "c1")["latest_conversation_seq"] == 1
 
-    def test_a_partition_never_tracked_holds_the_low_watermark_at_zero(self, views2: Any) -> None:
+    def test_a_partition_never_tracked_holds_the_views_position_at_zero(self, views2: Any) -> None:
         with views2.unit_of_work() as w:
             w.put_mailbox(T, refs("c", 3, 1, ["a"]))
             w.track("delivery", 3, partition=0)
-        assert views2.low_watermark("delivery") == 0 and views2.mailbox_page(T, "a", 0, 10) == []
+        assert views2.views_position("delivery") == 0 and views2.mailbox_page(T, "a", 0, 10) == []
 
 
 class TestSqliteViews(ViewStoreContract):
@@ -546,7 +546,7 @@ class TestCassandraViews(ViewStoreContract, PartitionedLogContract):
                 w.put_mailbox(T, refs("c", 4, 1, ["a"]))
                 for p in range(3):
                     w.track("delivery", 4, partition=p)
-            assert stores[1].head(T, "c") is not None and stores[1].low_watermark("delivery") == 4
+            assert stores[1].head(T, "c") is not None and stores[1].views_position("delivery") == 4
             assert [e[1] for e in stores[1].mailbox_page(T, "a", 0, 10)] == [4]
         finally:
             for s in stores:

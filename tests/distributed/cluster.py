@@ -86,7 +86,7 @@ class Cluster:
     def settle(self, rt: DistributedRuntime | None = None, timeout: float = 60.0) -> None:
         """Until the views hold everything written so far (relay and workers caught up)."""
         rt = rt or self.runtimes[0]
-        if not rt.wait_projected(timeout):
+        if not rt.wait_until(rt.log_position(), timeout):
             logs = {n: self.log_of(n)[-1500:] for n in self.procs}
             raise AssertionError(
                 f"views at {rt.position()}, log at {rt.log_position()} after {timeout} s; logs: {logs}"

@@ -85,13 +85,13 @@ def periodic_cassandra(engines: dict[str, str]) -> Iterator[None]:
 
 
 def views_position(rt: Any, timeout: float = 60.0) -> int:
-    """The low watermark of the views, once this replica's sessions (views and mailbox) have
+    """The views' position, once this replica's sessions (views and mailbox) have
     reconnected: a request on a connection the restart killed fails once."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             rt.views.mailbox_page(T, MEMBERS[0], 0, 1)
-            return int(rt.views.low_watermark("delivery"))
+            return int(rt.views.views_position("delivery"))
         except Exception:
             if time.monotonic() > deadline:
                 raise

@@ -6,7 +6,7 @@ stall; its session timeout is long, so nobody takes its partitions over during t
 A read of conversation B, whose partition the other worker holds, at the position of B's
 latest write answers at once: it waits for B's partition only (streams/routing.py says
 which). A read of A at its position, and reads that span conversations (the session list,
-the mailbox cursor), wait for the low watermark of every partition and answer 503 after
+the mailbox cursor), wait for the views' position (the lowest over every partition) and answer 503 after
 FANOUT_FRESH_READ_TIMEOUT; the mailbox cursor never serves an entry past the low
 watermark. Once the worker resumes, A's read answers."""
 
@@ -182,7 +182,7 @@ def test_a_stalled_partition_does_not_hold_the_fresh_reads_of_other_conversation
         took, rebuilt = timed(rebuild, rt, T, b, "bob")  # REBUILD waits for its own partition too
         [item] = rebuilt["sessions"]
         assert item["latest_conversation_seq"] == 2 and took < 2.0, (item, took)
-        assert rt.position(pb) >= at_b > rt.position()  # the low watermark is held by A's partition
+        assert rt.position(pb) >= at_b > rt.position()  # the views' position is held by A's partition
 
         # A's read at A's position, and the reads spanning conversations, wait and give up
         took, (status, body) = timed(http.get, f"/conversations/{a}", min_position=at_a)
@@ -191,7 +191,7 @@ def test_a_stalled_partition_does_not_hold_the_fresh_reads_of_other_conversation
         assert took >= TIMEOUT - 0.1
         status, body = http.get("/me/sessions", role="user", sub="bob", min_position=at_b)
         assert status == 503 and "partition" not in body["details"], body
-        # the mailbox cursor stays at the low watermark: B's second entry is not served yet
+        # the mailbox cursor stays at the views' position: B's second entry is not served yet
         status, box = http.get("/me/mailbox", role="user", sub="bob", after=0)
         assert status == 200
         assert (b, 2) not in {(e["conversation_id"], e["conversation_seq"]) for e in box["entries"]}, box

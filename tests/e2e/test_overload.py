@@ -31,7 +31,9 @@ def no_tracebacks(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 async def projected(server: Server) -> None:
-    assert await asyncio.get_running_loop().run_in_executor(None, server.runtime.wait_projected, 30.0)
+    assert await asyncio.get_running_loop().run_in_executor(
+        None, server.runtime.wait_until, server.runtime.log_position(), 30.0
+    )
 
 
 async def test_sends_are_refused_while_the_projector_is_behind_and_accepted_after_catch_up(tmp_path: Path) -> None:

@@ -77,7 +77,7 @@ async def test_a_message_sent_through_one_replica_is_pushed_by_the_other_once_it
     assert [m["message_id"] for m in history["messages"]] == [sent["message_id"]]
     [item] = [s for s in expect(await bob_b.sessions(), 200)["sessions"] if s["conversation_id"] == cid]
     assert item["unread_count"] == 1 and item["mention_count"] == 1
-    # The mailbox cursor serves entries up to the low watermark over every partition (other
+    # The mailbox cursor serves entries up to the views' position (the lowest over every partition) (other
     # partitions may still be applying the relay's watermark): at the send's position it has it.
     box = await bob_b.call("GET", "/v1/me/mailbox", params={"after": 0, "min_position": sent["position"]})
     assert [(e["conversation_id"], e["conversation_seq"]) for e in expect(box, 200)["entries"]] == [

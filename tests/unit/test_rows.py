@@ -9,7 +9,7 @@ import sqlite3
 
 import pytest
 
-from adapters.cassandra.schema import ALL_TABLES, PART_TABLES, tables_by_name
+from adapters.cassandra.schema import ALL_TABLES, TARGET_TABLES, tables_by_name
 from adapters.sqlite.views import migrate_views
 from projections.rows import (
     DELIVERY_COLUMNS,
@@ -63,7 +63,7 @@ def test_the_state_tables_have_the_state_columns() -> None:
 
 def test_every_table_a_rebuild_names_is_created() -> None:
     created = {name for name, _ in tables_by_name(ALL_TABLES)}
-    assert {t for tables in PART_TABLES.values() for t in tables} <= created
+    assert {t for tables in TARGET_TABLES.values() for t in tables} <= created
 
 
 def test_a_message_is_stored_and_answered_in_one_shape() -> None:
