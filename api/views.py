@@ -1,6 +1,10 @@
 """HTTP handlers (SPEC section 6). Each one: check who calls (by `@endpoint`), call the
 application or the queries off the event loop, shape the answer. Errors are raised as
-domain errors and turned into HTTP in one place (`api/errors.py`)."""
+domain errors and turned into HTTP in one place (`api/errors.py`).
+
+Why this module is long: one aiohttp handler per route of docs/PROTOCOL.md, each a few lines
+that validate (api/schemas.py) and call the runtime; the blocking reads are in api/reads.py, the
+sends' thread in api/commands.py."""
 
 from __future__ import annotations
 

@@ -12,7 +12,11 @@ alpha is low; a review decided enable_mention_only; the switch; sends in
 mention_only where mailbox_entries drop to active + mentioned; a silent member's
 session against an active one's; PULL_HISTORY closing the gap; a tier rollback
 (back to always at once); MARK_READ / REBUILD making counts exact; the converged
-counts checked against the message history."""
+counts checked against the message history.
+
+Why this module is long: `fanout demo`: the scripted story (a large group, a mention_only
+review, the session list) and its tables; the engines and process fleets it starts are
+tools/deploy.py's."""
 
 from __future__ import annotations
 

@@ -2,7 +2,11 @@
 
 Every command takes --data-dir (default FANOUT_DATA_DIR or ./data) and --config FILE
 (a TOML file with the FANOUT_ settings' names). A bad setting, a busy data dir or an
-engine that cannot be used at start-up prints one line `fanout: error: ...` and exits 2."""
+engine that cannot be used at start-up prints one line `fanout: error: ...` and exits 2.
+
+Why this module is long: the `fanout` command's parser and one small handler per subcommand
+(serve, replay, rebuild, verify, analyze, demo, relay, worker); each handler parses and calls
+the composition root or a tool."""
 
 from __future__ import annotations
 

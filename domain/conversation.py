@@ -1,5 +1,10 @@
 """The Conversation aggregate: membership, conversation_seq, admission gates and
-the write-policy state machine (SPEC sections 3-4)."""
+the write-policy state machine (SPEC sections 3-4).
+
+Why this module is long: the Conversation aggregate: membership, the send gates, the entries a
+send creates and the write-policy state machine all act on one aggregate's state and events
+(eventsourcing's shape); the rules themselves live in domain/admission.py, domain/delivery.py
+and domain/policy.py."""
 
 from __future__ import annotations
 

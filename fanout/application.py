@@ -25,7 +25,12 @@ exact across replicas. What they read (ADR-0023):
   when its own cannot pay, so replicas of one tenant do not race on one stream.
 
 MARK_READ appends to the member's own MemberReadState stream, not to the conversation's
-(ADR-0018); the activity refreshes it pends are group-committed by `fanout/activity.py`."""
+(ADR-0018); the activity refreshes it pends are group-committed by `fanout/activity.py`.
+
+Why this module is long: every command of the service (conversations, sends, MARK_READ, REBUILD,
+reviews, tiers) runs in one eventsourcing Application: they share its lock, its unit of work,
+its caches and the retry on a lost race. The pieces with a job of their own left:
+fanout/units.py, fanout/activity.py, fanout/wire.py."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ decides). Each process acts on them with handlers, and the composition root says
 (cosmicpython's bootstrap injecting its handlers into the message bus):
 
 * the embedded runtime pushes `Delivered` to its own sockets and opens the reviews;
-* a projection worker publishes `Delivered` and `ViewsTracked` to the pushes topic and
-  opens the reviews;
+* a projection worker opens the reviews (it publishes `Delivered` and `ViewsTracked` to the
+  pushes topic itself, `streams/worker.py`: Kafka plumbing stays in streams/);
 * an API replica of the distributed runtime pushes the `Delivered` it receives from the
   pushes topic to its own sockets.
 
@@ -19,7 +19,7 @@ push lost is served by the mailbox, a review not opened is opened by the next tr
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from projections.capacity import ReviewTrigger
@@ -85,15 +85,5 @@ def open_review(app: Reviews, opened: Callable[[], None] | None = None) -> Handl
         app.open_review(t.tenant, t.size_bucket, t.trigger, t.details, "capacity-monitor", review_key=t.review_key)
         if opened is not None:
             opened()
-
-    return handle
-
-
-def publish(publisher: Callable[[Iterable[Any]], Any]) -> Handler:
-    """An effect -> the pushes topic (`streams.pushes.PushPublisher.publish`: queued, sent
-    within its linger)."""
-
-    def handle(effect: Any) -> None:
-        publisher((effect,))
 
     return handle

@@ -5,7 +5,11 @@ delivery record. Written once, hosted by the embedded runner (and later Faust).
 It keeps each conversation's members in memory (loaded from the view store on
 first use), grouped per MailboxShard and sorted in mailbox key order, so the fan-out
 of one message in `always` needs no per-member work here: the member lists go to the
-mailbox store as they are, and the only O(N) write is the mailbox reference."""
+mailbox store as they are, and the only O(N) write is the mailbox reference.
+
+Why this module is long: the delivery projection: one class folding every event kind into the
+bodies, heads, states, mailbox references and delivery records; the rules it applies are
+domain/'s (delivery.py, policy.py), the row types projections/rows.py's."""
 
 from __future__ import annotations
 

@@ -22,7 +22,11 @@ in the order of ADR-0012/ADR-0025.
   `ViewsTracked` per unit; its exceptions are logged, never fatal.
 
 Everything here is synchronous and runs on one thread per host (a worker's executor, the
-embedded projector's thread, the rebuild's caller)."""
+embedded projector's thread, the rebuild's caller).
+
+Why this module is long: the one unit of work of every runtime (take, fold, commit, effects)
+with its fencing and healing: they share the working sets and the tracked positions, and
+splitting them would put the crash-safety order of ADR-0012 in two places."""
 
 from __future__ import annotations
 

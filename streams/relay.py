@@ -32,7 +32,11 @@ those events again). Nothing is lost, nothing is duplicated.
 This module is the relay only: the routing rule is streams/routing.py, the position read
 streams/positions.py, the topic's creation streams/kafka.py. It imports streams/ only; the
 caller builds the application (fanout.application.FanoutApplication) on the PostgreSQL
-recorder and hands it in."""
+recorder and hands it in.
+
+Why this module is long: one class, the relay, whose exactly-once argument (the docstring above)
+spans its start (position read back), its batching and its transaction: read together or not at
+all. Its neighbours took the rest (routing.py, positions.py, kafka.py)."""
 
 from __future__ import annotations
 

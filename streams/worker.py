@@ -19,8 +19,10 @@ the event topic the relay writes (`streams/records.py`) to the projection host
   (it reads committed only with processing_guarantee="exactly_once", which also makes Faust
   run transactional producers we do not need), so the app's consumer thread sets it on the
   aiokafka consumer it creates (`ReadCommittedConsumerThread`).
-* **Effects after the commit**: `on_effects(effects)` (the caller publishes the pushes,
-  `streams/pushes.py`, and opens reviews); its exceptions are logged, never fatal.
+* **Effects after the commit**: `publish(effects)` queues the pushes and the positions the
+  commit left on the pushes topic (`streams/pushes.py` PushPublisher.publish), then
+  `on_effects(effects)` acts on the rest (the root's handlers, `fanout/effects.py`: the
+  reviews); their exceptions are logged, never fatal.
 * **T1/T2 over the platform**: each partition's capacity window only counts; the worker
   holding partition 0 evaluates T1/T2 once a second over every partition's committed window
   (`projections.capacity_monitor`, ADR-0020) and opens the reviews through `on_effects`.
@@ -205,6 +207,22 @@ class WorkerSettings:
         return self.app_id or f"fanout-worker.{self.topic}"
 
 
+def _publish_then(
+    publish: Callable[[Sequence[Effect]], Any], on_effects: Callable[[Sequence[Effect]], None] | None
+) -> Callable[[Sequence[Effect]], None]:
+    """After a commit: the pushes and positions to Kafka first (invariant O), then the rest."""
+
+    def after_commit(effects: Sequence[Effect]) -> None:
+        try:
+            publish(effects)
+        except Exception:
+            log.exception("could not publish the pushes of a committed unit (the mailbox serves them)")
+        if on_effects is not None:
+            on_effects(effects)
+
+    return after_commit
+
+
 class ProjectionWorker:
     """The Faust app with its agent, the host of the projections and the executor."""
 
@@ -216,8 +234,11 @@ class ProjectionWorker:
         to_domain_event: Callable[[EventRecord], Any],
         on_effects: Callable[[Sequence[Effect]], None] | None = None,
         beat: Callable[[WorkerBeat], None] | None = None,
+        publish: Callable[[Sequence[Effect]], Any] | None = None,
     ) -> None:
         self.settings = s = settings
+        if publish is not None:
+            on_effects = _publish_then(publish, on_effects)
         self.worker_id = worker_id()
         self._beat = beat
         self.log_reader = KafkaPartitionReader(s.brokers, s.topic)

@@ -5,7 +5,10 @@ the capacity signals T1/T2.
 Reads the views only (no lock: it runs beside `fanout serve`); the RocksDB mailbox
 is not opened, since a running server holds its lock and nothing here needs it. On the
 distributed runtime (FANOUT_VIEWS=cassandra://...) it reads the Cassandra views, beside
-the API replicas and the workers; capacity merges the per-partition windows."""
+the API replicas and the workers; capacity merges the per-partition windows.
+
+Why this module is long: `fanout analyze`: the reviewer's report (alpha, cost, the plots) reads
+every view it draws from in one pass; the formulas are domain/policy.py's."""
 
 from __future__ import annotations
 

@@ -10,7 +10,11 @@ diffs it against the live views.
 How a store is swapped in or compared is the engine's (the AsideBuilds port;
 SQLite + RocksDB: adapters/sqlite/rebuild.py). Runtime facts (`delivery.materialized_at`,
 `delivery.online_pushes`) describe the first delivery: a rebuild carries the live
-values over, verify ignores them."""
+values over, verify ignores them.
+
+Why this module is long: `fanout rebuild` and `fanout verify` on both engines share the build
+aside, the progress bars and the comparison; the engine-specific steps are behind the
+AsideBuilds of each adapter package."""
 
 from __future__ import annotations
 

@@ -13,286 +13,54 @@ without the tracking, and the projections are idempotent for that
 Every read is one partition (or a bounded set of partitions read concurrently); no
 join. Layout, keys, consistency and numbers: docs/adr/0014-cassandra-data-model.md.
 The mailbox store is given to the constructor (the composition root picks it); the
-session and the tables come from connect.py and schema.py."""
+session and the tables come from connect.py and schema.py.
+
+Why this module is long: the ViewStore on Cassandra: its prepared statements, the commit's
+rounds (the rows come from writer.py) and every read of the ReadSide port, which share one
+session and one set of statements."""
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent_with_args
-from cassandra.query import BatchStatement, BatchType, PreparedStatement
+from cassandra.query import PreparedStatement
 
 from adapters.cassandra.connect import Connection, open_session, run
 from adapters.cassandra.mailbox import INSERT_ENTRY, CassandraMailbox, Row, grouped
 from adapters.cassandra.schema import TABLES
 from adapters.cassandra.stamps import stamp
+from adapters.cassandra.writer import (
+    MEMBER_BATCH_ROWS,
+    CassandraWriter,
+    conversation_batches,
+    json_body,
+    state_row,
+)
 from projections.ports import ALL_TARGETS, LogPosition, MailboxEntry, MailboxStore, MessageRefs
 from projections.rows import (
     DELIVERY_RECORD,
     HEAD_COLUMNS,
     MESSAGE_COLUMNS,
     STATE_COLUMNS,
-    delivery_cells,
     delivery_dict,
-    head_cells,
     head_dict,
-    message_cells,
     message_dict,
 )
 from projections.state import SessionHead, SessionItem, SessionState, UserConversationState, sessions_by_two_reads
 
-BATCH_ROWS = 100  # rows per UNLOGGED batch
-MEMBER_BATCH_ROWS = 250  # rows per batch of round A (member-keyed rows: one partition each)
-# Round B: a batch holds whole conversations (rows and head: one mutation each), at most this many
-# rows and about this many bytes (Cassandra warns above batch_size_warn_threshold, 64 KiB here)
-CONVERSATION_BATCH_ROWS = 250
-CONVERSATION_BATCH_BYTES = 48 * 1024
-ROW_BYTES = 160  # an estimate of a row's size without its text
 IN_FLIGHT = 200  # requests in the air at once
 PUSH_COUNTS_KEPT = 10_000  # messages whose push count a replica remembers (a message is pushed at once)
 HEADS_PER_READ = 100  # conversation heads read by one request of the login's batched read
-
-# A null written by an INSERT is a tombstone: two per member row (no gap is the common case) made
-# a 100k-member partition 200k tombstones, read on every load of the conversation, and that was
-# what ran Cassandra out of heap in the crash tests. "No value" is stored as -1 (seqs are >= 0).
-NO_SEQ = -1
-_NULLABLE_SEQS = ("delivered_conversation_seq", "gap_end")
-
-
-def _seq_cell(value: int | None) -> int:
-    return NO_SEQ if value is None else value
-
-
-def _state_cells(state: UserConversationState) -> tuple[Any, ...]:
-    row = state.row()
-    for c in _NULLABLE_SEQS:
-        row[c] = _seq_cell(row[c])
-    return tuple(row.values())
-
-
-def _state_row(r: Any) -> dict[str, Any]:
-    """A stored state row with its sentinels read back as None."""
-    row = {c: r[c] for c in STATE_COLUMNS}
-    for c in _NULLABLE_SEQS:
-        if row[c] == NO_SEQ:
-            row[c] = None
-    return row
-
-
-SizedRow = tuple[PreparedStatement, tuple[Any, ...], int]  # a statement, its values, its estimated bytes
-
-
-@dataclass
-class _Conversation:
-    """One conversation's rows of a unit of work (round B of the commit)."""
-
-    rows: list[SizedRow] = field(default_factory=list)  # member states, messages, broadcasts, delivery records
-    head: SizedRow | None = None
-
-
-def _conversation_batches(
-    conversations: Iterable[_Conversation],
-) -> tuple[list[tuple[BatchStatement, None]], list[tuple[BatchStatement, None]]]:
-    """Round B's batches. Each conversation's rows and its head go in ONE batch: one partition
-    key, so one mutation, applied atomically. Several conversations share a batch up to
-    CONVERSATION_BATCH_ROWS rows and CONVERSATION_BATCH_BYTES. A conversation too large for one
-    batch (a large join, a burst of long messages) sends its first rows ahead in chunks (`early`,
-    written before any head); its last chunk rides with its head in `final`."""
-    early: list[tuple[BatchStatement, None]] = []
-    final: list[tuple[BatchStatement, None]] = []
-    batch, n, size = BatchStatement(batch_type=BatchType.UNLOGGED), 0, 0
-    for x in conversations:
-        rows = [*x.rows, *([x.head] if x.head is not None else [])]
-        tail, tail_bytes = len(rows), 0  # the rows that fit in one batch with the head, from the end
-        while tail > 0 and len(rows) - tail < CONVERSATION_BATCH_ROWS:
-            if tail_bytes + rows[tail - 1][2] > CONVERSATION_BATCH_BYTES and tail < len(rows):
-                break
-            tail -= 1
-            tail_bytes += rows[tail][2]
-        ahead, rows = rows[:tail], rows[tail:]
-        chunk, chunk_n, chunk_bytes = BatchStatement(batch_type=BatchType.UNLOGGED), 0, 0
-        for stmt, args, b in ahead:
-            if chunk_n and (chunk_n == CONVERSATION_BATCH_ROWS or chunk_bytes + b > CONVERSATION_BATCH_BYTES):
-                early.append((chunk, None))
-                chunk, chunk_n, chunk_bytes = BatchStatement(batch_type=BatchType.UNLOGGED), 0, 0
-            chunk.add(stmt, args)
-            chunk_n, chunk_bytes = chunk_n + 1, chunk_bytes + b
-        if chunk_n:
-            early.append((chunk, None))
-        if n and (n + len(rows) > CONVERSATION_BATCH_ROWS or size + tail_bytes > CONVERSATION_BATCH_BYTES):
-            final.append((batch, None))
-            batch, n, size = BatchStatement(batch_type=BatchType.UNLOGGED), 0, 0
-        for stmt, args, _ in rows:
-            batch.add(stmt, args)
-        n, size = n + len(rows), size + tail_bytes
-    if n:
-        final.append((batch, None))
-    return early, final
-
-
-# -- the unit of work ---------------------------------------------------------------
-
-
-class CassandraWriter:
-    """The ViewWriter of one unit of work: every write is buffered (the last one per key
-    wins, as it would in order), executed by the store when the block exits cleanly."""
-
-    def __init__(self, targets: frozenset[str], partition: int) -> None:
-        self.targets = targets
-        self.partition = partition
-        self.mailbox: list[tuple[str, MessageRefs]] = []
-        self.mailbox_entries = 0
-        self.positions: dict[tuple[str, int], int] = {}
-        self.log_positions: dict[int, tuple[int, int]] = {}  # partition -> (position, next offset)
-        # Called with the next step's name between the steps of the commit (the host's fencing
-        # check and fault-injection points); an exception there ends the commit.
-        self.checkpoint: Callable[[str], None] | None = None
-        self.heads: dict[tuple[str, str], dict[str, Any]] = {}
-        self.messages: dict[tuple[str, str, int], dict[str, Any]] = {}
-        self.deliveries: dict[tuple[str, str, int], dict[str, Any]] = {}
-        # (tenant, conversation_id, user_id) -> ("put", state) | ("gap", (delivered, skipping, gap_end)) | ("delete", None)
-        self.states: dict[tuple[str, str, str], tuple[str, Any]] = {}
-        # the login index: (tenant, user_id, conversation_id) -> (the bucket its row goes to, or
-        # None; the buckets whose rows are deleted)
-        self.activity: dict[tuple[str, str, str], tuple[int | None, frozenset[int]]] = {}
-        self.reviews: dict[str, dict[str, Any]] = {}
-        self.tiers: dict[str, dict[str, Any]] = {}
-        self.capacity: dict[str, dict[str, Any]] = {}
-        # A unit may span log partitions (the worker's take): each row is stamped with the
-        # position ITS partition reaches in the unit, never another partition's (ADR-0021: a
-        # row's stamps must grow with its own partition's log). The partition a row came
-        # from is `partition` when it was put (the host sets it before each partition's events).
-        self.partition_of: dict[tuple[str, ...], int] = {}
-
-    def _from(self, *key: str) -> None:
-        self.partition_of[key] = self.partition
-
-    def stamp_of(self, *key: str) -> int:
-        """The write stamp of the rows put under `key` ((tenant, conversation_id), ("review",
-        id), ("tier", id), ("capacity", name)): the stamp of the position their partition
-        reaches in this unit; the unit's stamp when that partition tracks nothing here."""
-        partition = self.partition_of.get(key)
-        tops = [pos for (_, p), pos in self.positions.items() if p == partition]
-        if partition in self.log_positions:
-            tops.append(self.log_positions[partition][0])
-        return stamp(max(tops)) if tops else self.stamp()
-
-    def track(self, projection: str, position: int, partition: int = 0) -> None:
-        self.positions[(projection, partition)] = position
-
-    def track_log(self, partition: int, position: int, next_offset: int) -> None:
-        self.log_positions[partition] = (position, next_offset)
-
-    def stamp(self) -> int:
-        """The write timestamp of this unit's rows: its log position's stamp; a unit that
-        tracks no position (not from the log) gets the wall clock, below every stamp."""
-        top = max([*self.positions.values(), *(p for p, _ in self.log_positions.values())], default=None)
-        return stamp(top) if top is not None else time.time_ns() // 1000
-
-    def step(self, name: str) -> None:
-        if self.checkpoint is not None:
-            self.checkpoint(name)
-
-    def put_capacity(self, name: str, body: dict[str, Any]) -> None:
-        self.capacity[name] = _json(body)
-        self._from("capacity", name)
-
-    def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any]) -> None:
-        if "heads" in self.targets:
-            self.heads[(tenant, conversation_id)] = copy.deepcopy(head)
-            self._from(tenant, conversation_id)
-
-    def put_message(self, tenant: str, conversation_id: str, message: dict[str, Any]) -> None:
-        if "heads" in self.targets:
-            self.messages[(tenant, conversation_id, message["conversation_seq"])] = copy.deepcopy(message)
-            self._from(tenant, conversation_id)
-
-    def put_mailbox(self, tenant: str, refs: MessageRefs) -> None:
-        if "mailbox" not in self.targets or not refs.shards:
-            return
-        self.mailbox.append((tenant, refs))
-        self.mailbox_entries += sum(len(b) for b in refs.shards.values())
-
-    def put_states(
-        self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]
-    ) -> None:
-        if "state" in self.targets:
-            self._from(tenant, conversation_id)
-            for u, s in states:
-                self.states[(tenant, conversation_id, u)] = ("put", copy.deepcopy(s))
-
-    def put_gaps(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]) -> None:
-        if "state" not in self.targets:
-            return
-        self._from(tenant, conversation_id)
-        for u, s in states:
-            key = (tenant, conversation_id, u)
-            queued = self.states.get(key)
-            if queued is not None and queued[0] == "put":  # a row written in this unit: update it here
-                row = queued[1]
-                row.delivered_conversation_seq, row.skipping, row.gap_end = (
-                    s.delivered_conversation_seq,
-                    s.skipping,
-                    s.gap_end,
-                )
-            elif queued is None or queued[0] == "gap":
-                self.states[key] = ("gap", (s.delivered_conversation_seq, int(s.skipping), s.gap_end))
-            # a row deleted in this unit stays deleted (a gap update touches existing rows only)
-
-    def delete_state(self, tenant: str, conversation_id: str, user_id: str) -> None:
-        if "state" in self.targets:
-            self.states[(tenant, conversation_id, user_id)] = ("delete", None)
-            self._from(tenant, conversation_id)
-
-    def put_activity(
-        self, tenant: str, conversation_id: str, user_ids: Sequence[str], bucket: int, previous: int | None
-    ) -> None:
-        if "state" not in self.targets:
-            return
-        self._from(tenant, conversation_id)
-        for u in user_ids:
-            key = (tenant, u, conversation_id)
-            _, drops = self.activity.get(key, (None, frozenset()))
-            if previous is not None:  # (a row that is not there costs one tombstone)
-                drops = drops | {previous}
-            self.activity[key] = (bucket, drops - {bucket})
-
-    def delete_activity(self, tenant: str, conversation_id: str, user_id: str, bucket: int) -> None:
-        if "state" in self.targets:
-            self._from(tenant, conversation_id)
-            key = (tenant, user_id, conversation_id)
-            queued, drops = self.activity.get(key, (None, frozenset()))
-            self.activity[key] = (None, drops | {bucket} | ({queued} if queued is not None else set()))
-
-    def put_delivery(self, tenant: str, conversation_id: str, seq: int, record: dict[str, Any]) -> None:
-        if "heads" in self.targets:
-            self.deliveries[(tenant, conversation_id, seq)] = dict(record)
-            self._from(tenant, conversation_id)
-
-    def put_review(self, review: dict[str, Any]) -> None:
-        if "heads" in self.targets:
-            r = _json(review)
-            self.reviews.pop(r["review_id"], None)  # the one written last goes last
-            self.reviews[r["review_id"]] = r
-            self._from("review", r["review_id"])
-
-    def put_tier(self, tier: dict[str, Any]) -> None:
-        if "heads" in self.targets:
-            t = _json(tier)
-            self.tiers.setdefault(t["tier_id"], {}).update(t)
-            self._from("tier", t["tier_id"])
-
 
 class CassandraViews:
     """A ViewStore on Cassandra (plus the mailbox store it is given)."""
@@ -495,7 +263,7 @@ class CassandraViews:
             return ts
 
         w.step("mailbox")
-        members, conversations = self._rows(w, ts_of)
+        members, conversations = w.rows(self._w, ts_of)
         rows_a: list[Row] = []
         for tenant, refs in w.mailbox:
             rows_a.extend(self._mailbox_rows(tenant, refs))
@@ -506,10 +274,10 @@ class CassandraViews:
             unindex.extend((ps["unindex"], (ts, t, u, b, c)) for b in sorted(drops))
             if bucket is not None:
                 rows_a.append((ps["index"], (t, u, bucket, c, ts)))
-        for (t, c), h in w.heads.items():
+        for t, c, aggregate_id, size_bucket in w.head_lookups():
             ts = ts_of(t, c)
-            rows_a.append((ps["by_aggregate"], (str(h["aggregate_id"]), t, c, ts)))
-            rows_a.append((ps["by_tenant"], (t, c, h["size_bucket"], ts)))
+            rows_a.append((ps["by_aggregate"], (aggregate_id, t, c, ts)))
+            rows_a.append((ps["by_tenant"], (t, c, size_bucket, ts)))
         for r in w.reviews.values():
             text, written, ts = json.dumps(r), self._stamp(), ts_of("review", r["review_id"])
             rows_a.append((ps["review"], (r["review_id"], r["tenant"], text, written, ts)))
@@ -527,9 +295,9 @@ class CassandraViews:
         if unindex:  # after the rows moved to: a login read never misses a conversation in between
             run(self.session, grouped(unindex, MEMBER_BATCH_ROWS, self.keyspace), self.in_flight)
         # delivery records, materialized_at once every entry is written (as SQLite and memory stamp it)
-        self._add_deliveries(w, ts_of, now if now is not None else time.time(), conversations)
+        w.delivery_rows(self._w, ts_of, now if now is not None else time.time(), conversations)
         # B. a conversation's rows that do not fit in one batch with its head, then the heads
-        early, final = _conversation_batches(conversations.values())
+        early, final = conversation_batches(conversations.values())
         w.step("rows")
         run(self.session, early, self.in_flight)
         w.step("heads")
@@ -552,64 +320,6 @@ class CassandraViews:
         self.mailbox.flush()
         return ()
 
-    def _rows(
-        self, w: CassandraWriter, ts_of: Callable[..., int]
-    ) -> tuple[list[tuple[PreparedStatement, tuple[Any, ...]]], dict[tuple[str, str], _Conversation]]:
-        """The member-keyed state rows (round A), and each conversation's rows (round B)."""
-        ps = self._w
-        members: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
-        convs: dict[tuple[str, str], _Conversation] = {}
-
-        def conv(t: str, c: str) -> _Conversation:
-            x = convs.get((t, c))
-            if x is None:
-                x = convs[(t, c)] = _Conversation()
-            return x
-
-        for (tenant, cid, u), (op, value) in sorted(w.states.items(), key=lambda kv: kv[0]):
-            ts = ts_of(tenant, cid)
-            if op == "put":
-                row = _state_cells(value)
-                conv(tenant, cid).rows.append((ps["conv_state"], (tenant, cid, u, *row, ts), ROW_BYTES))
-                members.append((ps["user_state"], (tenant, u, cid, *row, ts)))
-            elif op == "gap":
-                delivered, skipping, gap_end = value
-                cells = (_seq_cell(delivered), skipping, _seq_cell(gap_end))
-                conv(tenant, cid).rows.append((ps["conv_gap"], (ts, *cells, tenant, cid, u), ROW_BYTES))
-                members.append((ps["user_gap"], (ts, *cells, tenant, u, cid)))
-            else:
-                conv(tenant, cid).rows.append((ps["conv_delete"], (ts, tenant, cid, u), ROW_BYTES))
-                members.append((ps["user_delete"], (ts, tenant, u, cid)))
-        for (tenant, cid, seq), m in w.messages.items():
-            x, ts = conv(tenant, cid), ts_of(tenant, cid)
-            x.rows.append(
-                (
-                    ps["message"],
-                    (tenant, *message_cells(m), ts),
-                    ROW_BYTES + len(m["text"].encode()),
-                )
-            )
-            if m["mention_all"] or m["announcement"]:
-                x.rows.append((ps["broadcast"], (tenant, cid, seq, ts), ROW_BYTES))
-        for (t, c), h in w.heads.items():
-            values = (t, c, *head_cells(h), ts_of(t, c))
-            text = f"{h.get('title') or ''}{h.get('preview') or ''}"
-            conv(t, c).head = (ps["head"], values, ROW_BYTES + len(text.encode()))
-        return members, convs
-
-    def _add_deliveries(
-        self, w: CassandraWriter, ts_of: Callable[..., int], at: float, convs: dict[tuple[str, str], _Conversation]
-    ) -> None:
-        ps = self._w
-        for (t, c, q), r in w.deliveries.items():
-            convs.setdefault((t, c), _Conversation()).rows.append(
-                (
-                    ps["delivery"],
-                    (t, c, q, *delivery_cells(r), at, ts_of(t, c)),
-                    ROW_BYTES,
-                )
-            )
-
     def _stamp(self) -> int:
         """Increasing write stamps in microseconds: reviews list in the order written."""
         self._written = max(time.time_ns() // 1000, self._written + 1)
@@ -630,10 +340,10 @@ class CassandraViews:
         """A lightweight transaction: the body is written only if the stored one is still
         `expected` (None: absent). False when another writer changed it first."""
         if expected is None:
-            row = self.session.execute(self._w["capacity_create"], (name, json.dumps(_json(body)))).one()
+            row = self.session.execute(self._w["capacity_create"], (name, json.dumps(json_body(body)))).one()
         else:
             row = self.session.execute(
-                self._w["capacity_swap"], (json.dumps(_json(body)), name, json.dumps(_json(expected)))
+                self._w["capacity_swap"], (json.dumps(json_body(body)), name, json.dumps(json_body(expected)))
             ).one()
         return bool(row["[applied]"])
 
@@ -731,7 +441,7 @@ class CassandraViews:
         states: dict[str, UserConversationState] = {}
         for f in states_f:
             for r in f.result():
-                states[r["conversation_id"]] = UserConversationState.from_row(_state_row(r))
+                states[r["conversation_id"]] = UserConversationState.from_row(state_row(r))
         found = [(h, SessionState.of(states[h.conversation_id])) for h in heads if h.conversation_id in states]
         if not complete and len(found) < batch:
             return None
@@ -763,7 +473,7 @@ class CassandraViews:
         states_f = self.session.execute_async(self._r["conv_states"], key)
         casts_f = self.session.execute_async(self._r["broadcasts"], key)
         head = head_f.result().one()
-        states = {r["user_id"]: UserConversationState.from_row(_state_row(r)) for r in states_f.result()}
+        states = {r["user_id"]: UserConversationState.from_row(state_row(r)) for r in states_f.result()}
         broadcasts = [r["conversation_seq"] for r in casts_f.result()]
         return (head_dict(head) if head is not None else None), states, broadcasts
 
@@ -777,13 +487,13 @@ class CassandraViews:
             "tenant": tenant,
             "user_id": user_id,
             "conversation_id": conversation_id,
-            **_state_row(row),
+            **state_row(row),
         }
 
     def user_states(self, tenant: str, user_id: str) -> Mapping[str, UserConversationState]:
         """One partition (tenant, user)."""
         return {
-            r["conversation_id"]: UserConversationState.from_row(_state_row(r))
+            r["conversation_id"]: UserConversationState.from_row(state_row(r))
             for r in self.session.execute(self._r["user_states"], (tenant, user_id))
         }
 
@@ -842,8 +552,3 @@ class CassandraViews:
     def capacity_state(self, name: str) -> dict[str, Any] | None:
         row = self.session.execute(self._r["capacity"], (name,)).one()
         return dict(json.loads(row["body"])) if row is not None else None
-
-
-def _json(body: dict[str, Any]) -> dict[str, Any]:
-    """A JSON body as a store of JSON text gives it back (tuples become lists, keys strings)."""
-    return dict(json.loads(json.dumps(body)))

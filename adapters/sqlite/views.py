@@ -5,7 +5,10 @@ swapped on its own.
 
 Mailbox writes are idempotent (INSERT OR IGNORE on the primary key) and are made
 durable before the views transaction that records the tracking position commits,
-so a crash between the two replays into no duplicate (invariant X)."""
+so a crash between the two replays into no duplicate (invariant X).
+
+Why this module is long: the ViewStore on SQLite: schema, writer and every read of the port
+share one connection per thread and one transaction per unit of work."""
 
 from __future__ import annotations
 

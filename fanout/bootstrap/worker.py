@@ -22,13 +22,11 @@ from fanout.application import FanoutApplication
 from fanout.bootstrap.embedded import DataDirLock, open_mailbox, open_views
 from fanout.bootstrap.replica import open_cassandra_views
 from fanout.config import EngineUnavailable
-from fanout.effects import Effects, open_review, publish
+from fanout.effects import Effects, open_review
 from fanout.event_store import EventStoreUnavailable, check_event_store
 from fanout.rereview import MailboxMeter
 from fanout.urls import UrlError, cassandra_settings, kafka_settings, postgres_env
 from projections.capacity import ReviewTrigger
-from projections.delivery import Delivered
-from projections.hosting import ViewsTracked
 from projections.ports import ViewStore
 
 log = logging.getLogger("fanout.worker")
@@ -187,14 +185,8 @@ def bootstrap_worker(
         def to_domain_event(record: EventRecord) -> Any:
             return app.mapper.to_domain_event(record.stored_event())
 
-        # after each committed unit: the pushes (invariant O), then the reviews
-        effects = Effects(
-            {
-                Delivered: [publish(publisher.publish)],
-                ViewsTracked: [publish(publisher.publish)],
-                ReviewTrigger: [open_review(app)],
-            }
-        )
+        # after each committed unit: the worker publishes the pushes (invariant O), then the reviews open
+        effects = Effects({ReviewTrigger: [open_review(app)]})
         faust_dir = Path(tempfile.mkdtemp(prefix="fanout-worker-"))
         built.on_close(lambda: shutil.rmtree(faust_dir, ignore_errors=True))
         try:
@@ -217,6 +209,7 @@ def bootstrap_worker(
                 to_domain_event,
                 effects,
                 beat=publisher.beat,
+                publish=publisher.publish,
             )
         except (KafkaException, TopicUnavailable, LookupError) as exc:
             raise WorkerError(kafka_down(kafka.brokers, exc)) from None

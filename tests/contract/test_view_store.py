@@ -16,7 +16,8 @@ import pytest
 from adapters.cassandra.connect import open_cluster
 from adapters.cassandra.mailbox import CassandraMailbox
 from adapters.cassandra.schema import MAILBOX_TABLE, TABLES, create_schema
-from adapters.cassandra.views import NO_SEQ, CassandraViews
+from adapters.cassandra.views import CassandraViews
+from adapters.cassandra.writer import NO_SEQ
 from adapters.memory import MemoryViews
 from fanout.bootstrap import open_views
 from fanout.urls import cassandra_settings

@@ -43,7 +43,9 @@ class Server:
         self.data_dir = data_dir
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "FANOUT_DATA_DIR": str(data_dir)}
+        # the embedded runtime: engine URLs a caller's shell exports must not make it a replica
+        env = {k: v for k, v in os.environ.items() if k not in ("FANOUT_EVENT_STORE", "FANOUT_LOG", "FANOUT_VIEWS")}
+        env["FANOUT_DATA_DIR"] = str(data_dir)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cli.main", "serve", "--data-dir", str(data_dir), "--port", str(self.port)],
             env=env,

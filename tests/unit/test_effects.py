@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from fanout.effects import Effects, open_review, publish, push_online
+from fanout.effects import Effects, open_review, push_online
 from projections.capacity import ReviewTrigger
 from projections.delivery import Delivered
 from projections.hosting import ViewsTracked
@@ -76,10 +76,3 @@ def test_a_review_trigger_opens_a_review_by_its_key_and_says_so() -> None:
     Effects({ReviewTrigger: [open_review(App(), opened=lambda: opened.append(1))]})([trigger])
     assert calls == [("acme", "L", "T1", {"x": 1}, "capacity-monitor", {"review_key": "k1"})]
     assert opened == [1]
-
-
-def test_publish_hands_each_effect_to_the_publisher() -> None:
-    batches: list[tuple[Any, ...]] = []
-    handle = publish(lambda effects: batches.append(tuple(effects)))
-    Effects({Delivered: [handle], ViewsTracked: [handle]})([delivered(1), ViewsTracked({0: 1})])
-    assert [type(b[0]).__name__ for b in batches] == ["Delivered", "ViewsTracked"]

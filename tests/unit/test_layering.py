@@ -198,3 +198,19 @@ def test_the_readme_layout_names_every_package_and_module() -> None:
     missing = [f"{p}/" for p in PACKAGES if f"\n{p}/" not in layout]
     missing += [name for name in modules() if "." in name and name.rsplit(".", 1)[1] not in layout.replace(".py", "")]
     assert not missing, f"not in README's Layout: {missing}"
+
+
+LONG_MODULE = 400  # lines (issue 15: "no module over ~400 lines without a reason written at its top")
+
+
+def test_a_module_over_400_lines_says_why_at_its_top() -> None:
+    """A production module grows past LONG_MODULE lines only with a paragraph in its
+    docstring starting "Why this module is long:" (then someone decided, not drifted)."""
+    silent = []
+    for name, path in modules().items():
+        text = path.read_text()
+        if text.count("\n") > LONG_MODULE:
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            if "Why this module is long:" not in doc:
+                silent.append(f"{name} ({text.count(chr(10))} lines)")
+    assert not silent, f"over {LONG_MODULE} lines without saying why at the top: {silent}"
