@@ -277,6 +277,9 @@ def _bar(desc: str, start: int, end: int, enabled: bool, out: TextIO) -> Iterato
 # events past the lowest of them, which no single position of the log describes.
 
 SETTLE_TIMEOUT = 60.0  # seconds verify waits for the partitions to stand at one position
+# A build aside that fails (Cassandra busy: a WriteTimeout) resumes from its tracked position,
+# as a worker's unit does; this many attempts in all, a second more between each.
+BUILD_ATTEMPTS = 5
 VERIFY_SUFFIX = "_verify_"
 REBUILD_SUFFIX = "_rebuild"
 
@@ -325,7 +328,20 @@ def _build_distributed(
     try:
         runner = rebuild_host(app, store, settings.params, targets=targets, until=top)
         with _bar(desc, 0, top, progress, out) as bar:
-            runner.catch_up(lambda _n: bar(runner.position(), top))
+            for attempt in range(1, BUILD_ATTEMPTS + 1):
+                try:
+                    runner.catch_up(lambda _n: bar(runner.position(), top))
+                    break
+                except Exception as exc:  # a unit is idempotent: the next attempt resumes at its tracking
+                    if attempt == BUILD_ATTEMPTS:
+                        raise
+                    print(
+                        f"\nthe build aside failed at position {runner.position()} ({type(exc).__name__}: "
+                        f"{str(exc)[:200]}); again in {attempt} s (attempt {attempt + 1} of {BUILD_ATTEMPTS})",
+                        file=out,
+                        flush=True,
+                    )
+                    time.sleep(attempt)
         built = runner.position()
         if built != top:
             raise RebuildError(f"the build aside stopped at position {built} of {top}")

@@ -20,7 +20,6 @@ from typing import Any
 
 from cassandra import ConsistencyLevel
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, Session
-from cassandra.concurrent import execute_concurrent
 from cassandra.io.asyncioreactor import AsyncioConnection
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
 from cassandra.query import dict_factory
@@ -132,8 +131,53 @@ def _connection_class(reactor: str) -> Any:
 
 
 def run(session: Session, statements: Iterable[tuple[Any, Any]], in_flight: int) -> None:
-    """Execute statements with at most `in_flight` requests in the air; the first error raises."""
-    execute_concurrent(session, statements, concurrency=in_flight, raise_on_first_error=True)
+    """Execute statements with at most `in_flight` requests in the air. After an error no
+    further statement is sent, the ones in the air are waited for, then the first error
+    raises: nothing of a failed round is still landing when its caller retries it, or drops
+    the keyspace it wrote to. (The driver's execute_concurrent with raise_on_first_error
+    returns at once; a verify whose build failed on a WriteTimeout then dropped its scratch
+    keyspace under mutations still in flight, and Cassandra 5.0.9 answered "Unknown CF" to
+    other keyspaces' requests for minutes after.)"""
+    cond = threading.Condition()
+    errors: list[BaseException] = []
+    pending = 0
+
+    def landed(_result: Any) -> None:
+        nonlocal pending
+        with cond:
+            pending -= 1
+            cond.notify()
+
+    def failed(exc: BaseException) -> None:
+        nonlocal pending
+        with cond:
+            errors.append(exc)
+            pending -= 1
+            cond.notify()
+
+    todo = iter(statements)
+    while True:
+        with cond:  # a slot free and no failure seen: only then is the next statement taken
+            while pending >= in_flight and not errors:
+                cond.wait()
+            if errors:
+                break
+        taken = next(todo, None)
+        if taken is None:
+            break
+        statement, params = taken
+        with cond:
+            pending += 1
+        try:
+            session.execute_async(statement, params).add_callbacks(landed, failed)
+        except BaseException as exc:  # not sent: nothing to wait for
+            failed(exc)
+            break
+    with cond:
+        while pending:
+            cond.wait()
+    if errors:
+        raise errors[0]
 
 
 # -- the driver's log ------------------------------------------------------------------------
