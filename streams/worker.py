@@ -15,10 +15,7 @@ the event topic the relay writes (`streams/records.py`) to the projection host
 * **Revocation** forgets the revoked partitions' working sets and tracked positions (another
   worker may advance them); they are reloaded if the partition comes back.
 * **read_committed.** The relay writes in Kafka transactions; a record of an aborted one is
-  never applied. faust-streaming 0.15.3 has no setting for the consumer's isolation level
-  (it reads committed only with processing_guarantee="exactly_once", which also makes Faust
-  run transactional producers we do not need), so the app's consumer thread sets it on the
-  aiokafka consumer it creates (`ReadCommittedConsumerThread`).
+  never applied: the app is `streams/read_committed.py` `WorkerApp`.
 * **Effects after the commit**: `publish(effects)` queues the pushes and the positions the
   commit left on the pushes topic (`streams/pushes.py` PushPublisher.publish), then
   `on_effects(effects)` acts on the rest (the root's handlers, `fanout/effects.py`: the
@@ -45,7 +42,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import faust
-from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from domain.params import Parameters
 from projections.capacity_monitor import CapacityMonitor
@@ -56,6 +52,7 @@ from streams.heartbeats import BEAT_INTERVAL, WorkerBeat, worker_id
 from streams.host import Fenced, ProjectionHost, Record
 from streams.kafka import ensure_topic, partition_count
 from streams.log_reader import KafkaPartitionReader, LogGapUnreadable
+from streams.read_committed import WorkerApp
 from streams.records import MAX_RECORD_BYTES, BadRecord, EventRecord, decode
 
 log = logging.getLogger("fanout.worker")
@@ -153,31 +150,6 @@ class Applier:
 
 
 # -- Faust ------------------------------------------------------------------------------
-
-
-class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    """aiokafka's consumer as Faust builds it, reading committed records only."""
-
-    def _create_worker_consumer(self, transport: Any) -> Any:
-        consumer = super()._create_worker_consumer(transport)
-        consumer._isolation_level = "read_committed"  # handed to aiokafka's Fetcher at start()
-        return consumer
-
-
-class ReadCommittedConsumer(faust_aiokafka.Consumer):
-    def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
-        return ReadCommittedConsumerThread(self, loop=self.loop, beacon=self.beacon)
-
-
-class ReadCommittedTransport(faust_aiokafka.Transport):
-    Consumer = ReadCommittedConsumer
-
-
-class WorkerApp(faust.App):
-    """A Faust app whose consumer reads committed records only (see the module doc)."""
-
-    def _new_transport(self) -> Any:
-        return ReadCommittedTransport(self.conf.broker_consumer, self)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
