@@ -16,38 +16,38 @@ from adapters.cassandra.connect import open_session, run
 from fanout.urls import cassandra_settings
 
 
-def test_a_failed_round_sends_nothing_more_and_leaves_nothing_in_flight(fresh_cassandra: str) -> None:
+@pytest.fixture
+def keyspace(fresh_cassandra: str) -> Iterator[tuple[Any, str, Any]]:
+    """(a session, its keyspace, the prepared insert of a capacity row)."""
     settings = cassandra_settings(fresh_cassandra)
     connection = open_session(settings)
     session, ks = connection.session, settings.keyspace
     try:
-        insert = session.prepare(f"INSERT INTO {ks}.capacity (projection, body) VALUES (?, ?)")
-        bad = SimpleStatement(f"INSERT INTO {ks}.no_such_table (name) VALUES ('x')")
-        sent: list[int] = []
-
-        def statements() -> Iterator[tuple[Any, Any]]:
-            for i in range(400):
-                sent.append(i)
-                yield (bad, None) if i == 50 else (insert, (f"n{i:03d}", "{}"))
-
-        with pytest.raises(Exception, match="no_such_table"):
-            run(session, statements(), in_flight=8)
-        # sending stopped once the failure was seen (a few round trips after it, not the 349 left)
-        assert 51 <= len(sent) < 400, len(sent)
-        # and every insert that was sent had landed when run raised (read at once, nothing awaited)
-        landed = {r["projection"] for r in session.execute(f"SELECT projection FROM {ks}.capacity")}
-        assert landed == {f"n{i:03d}" for i in sent if i != 50}
+        yield session, ks, session.prepare(f"INSERT INTO {ks}.capacity (projection, body) VALUES (?, ?)")
     finally:
         connection.close()
 
 
-def test_a_round_that_succeeds_writes_everything(fresh_cassandra: str) -> None:
-    settings = cassandra_settings(fresh_cassandra)
-    connection = open_session(settings)
-    session, ks = connection.session, settings.keyspace
-    try:
-        insert = session.prepare(f"INSERT INTO {ks}.capacity (projection, body) VALUES (?, ?)")
-        run(session, ((insert, (f"m{i:04d}", "{}")) for i in range(1000)), in_flight=50)
-        assert session.execute(f"SELECT count(*) AS n FROM {ks}.capacity").one()["n"] == 1000
-    finally:
-        connection.close()
+def test_a_failed_round_sends_nothing_more_and_leaves_nothing_in_flight(keyspace: tuple[Any, str, Any]) -> None:
+    session, ks, insert = keyspace
+    bad = SimpleStatement(f"INSERT INTO {ks}.no_such_table (name) VALUES ('x')")
+    sent: list[int] = []
+
+    def statements() -> Iterator[tuple[Any, Any]]:
+        for i in range(400):
+            sent.append(i)
+            yield (bad, None) if i == 50 else (insert, (f"n{i:03d}", "{}"))
+
+    with pytest.raises(Exception, match="no_such_table"):
+        run(session, statements(), in_flight=8)
+    # sending stopped once the failure was seen (a few round trips after it, not the 349 left)
+    assert 51 <= len(sent) < 400, len(sent)
+    # and every insert that was sent had landed when run raised (read at once, nothing awaited)
+    landed = {r["projection"] for r in session.execute(f"SELECT projection FROM {ks}.capacity")}
+    assert landed == {f"n{i:03d}" for i in sent if i != 50}
+
+
+def test_a_round_that_succeeds_writes_everything(keyspace: tuple[Any, str, Any]) -> None:
+    session, ks, insert = keyspace
+    run(session, ((insert, (f"m{i:04d}", "{}")) for i in range(1000)), in_flight=50)
+    assert session.execute(f"SELECT count(*) AS n FROM {ks}.capacity").one()["n"] == 1000
