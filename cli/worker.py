@@ -93,10 +93,9 @@ def _params(config: str | None) -> Any:
 
 
 def cmd_worker(args: argparse.Namespace, settings: Any = None, data_dir: Path | None = None) -> int:
-    from fanout.bootstrap.worker import WorkerOptions, bootstrap_worker, check_settings
+    from fanout.bootstrap.worker import WorkerOptions, bootstrap_worker
 
     env = os.environ
-    check_settings(env)  # a bad URL is one line before the parameters are even read
     params = settings.params if settings is not None else _params(getattr(args, "config", None))
     data = (
         getattr(args, "data_dir", None)
