@@ -126,16 +126,25 @@ def cmd_replay(args: argparse.Namespace, settings: Settings, data_dir: Path) -> 
     return 0
 
 
-def cmd_rebuild(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
-    from fanout.config import is_distributed
-    from tools.rebuild import RebuildError, rebuild, rebuild_distributed
+def _with_data_dir(settings: Settings, data_dir: Path) -> Settings:
+    from dataclasses import replace
 
-    progress = not args.quiet and sys.stderr.isatty()
+    return replace(settings, data_dir=data_dir)
+
+
+def _progress(args: argparse.Namespace, settings: Settings) -> bool:
+    """Progress on stderr unless -q: the embedded tools' bars on a terminal only (a log file
+    gets the distributed tools' periodic lines, which take minutes)."""
+    from fanout.config import is_distributed
+
+    return not args.quiet and (is_distributed(settings) or sys.stderr.isatty())
+
+
+def cmd_rebuild(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
+    from tools.rebuild import RebuildError, rebuild
+
     try:
-        if is_distributed(settings):
-            r = rebuild_distributed(settings, args.target, progress=not args.quiet)
-        else:
-            r = rebuild(data_dir, settings.params, args.target, progress=progress)
+        r = rebuild(_with_data_dir(settings, data_dir), args.target, progress=_progress(args, settings))
     except RebuildError as exc:
         raise CliError(str(exc)) from None
     if r.changed:
@@ -153,15 +162,10 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
 
 
 def cmd_verify(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
-    from fanout.config import is_distributed
-    from tools.rebuild import RebuildError, verify, verify_distributed
+    from tools.rebuild import RebuildError, verify
 
-    progress = not args.quiet and sys.stderr.isatty()
     try:
-        if is_distributed(settings):
-            r = verify_distributed(settings, limit=args.limit, progress=not args.quiet)
-        else:
-            r = verify(data_dir, settings.params, limit=args.limit, progress=progress)
+        r = verify(_with_data_dir(settings, data_dir), limit=args.limit, progress=_progress(args, settings))
     except RebuildError as exc:
         raise CliError(str(exc)) from None
     print(f"verified views against the log up to position {r.position} in {r.seconds:.2f}s")

@@ -137,6 +137,12 @@ class Settings:
     views: str
     secret: str | None
 
+    @classmethod
+    def embedded(cls, data_dir: Path | str, params: Parameters | None = None) -> Settings:
+        """The embedded runtime's engines over a data dir (what a FANOUT_ environment that
+        names no engine loads), with these parameters (default ones when None)."""
+        return cls(params or Parameters(), Path(data_dir), *EMBEDDED, None)
+
 
 def load_settings(env: Mapping[str, str] | None = None, config_file: str | None = None) -> Settings:
     env = dict(os.environ if env is None else env)

@@ -25,6 +25,7 @@ from domain.params import Parameters, WritePolicy
 from domain.policy import is_active
 from domain.reads import READ_EVENTS, MemberReadState
 from projections.ports import MessageRefs, ViewStore, ViewWriter
+from projections.rows import DELIVERY_RECORD, DeliveryRow, MessageRow, row_dict
 from projections.sharding import shard_of
 from projections.state import UserConversationState, activity_bucket
 
@@ -323,19 +324,21 @@ class DeliveryProjection:
             return []
         tenant, cid, seq = m.tenant, m.conversation_id, e.seq
         broadcast = e.mention_all or e.announcement
-        message = {
-            "conversation_id": cid,
-            "conversation_seq": seq,
-            "message_id": e.message_id,
-            "sender": e.sender,
-            "text": e.text,
-            "mentions": list(e.mentions),
-            "mention_all": e.mention_all,
-            "reply_to_seq": e.reply_to_seq,
-            "announcement": e.announcement,
-            "sent_at": e.at,
-            "pos": position,
-        }
+        message = row_dict(
+            MessageRow(
+                conversation_id=cid,
+                conversation_seq=seq,
+                message_id=e.message_id,
+                sender=e.sender,
+                text=e.text,
+                mentions=list(e.mentions),
+                mention_all=e.mention_all,
+                reply_to_seq=e.reply_to_seq,
+                announcement=e.announcement,
+                sent_at=e.at,
+                pos=position,
+            )
+        )
         w.put_message(tenant, cid, message)
         if broadcast:
             # A replay after a partial commit (the message landed, the head did not) loaded
@@ -395,20 +398,16 @@ class DeliveryProjection:
                 changed[u] = s
         if changed:
             w.put_states(tenant, cid, list(changed.items()))
-        w.put_delivery(
-            tenant,
-            cid,
-            seq,
-            {
-                "message_id": e.message_id,
-                "write_policy": e.write_policy,
-                "member_count": len(m.members),
-                "mailbox_entries": entries,
-                "shards": len(shards),
-                "body_bytes": len(e.text.encode()),
-                "pos": position,
-            },
+        record = DeliveryRow(
+            message_id=e.message_id,
+            write_policy=e.write_policy,
+            member_count=len(m.members),
+            mailbox_entries=entries,
+            shards=len(shards),
+            body_bytes=len(e.text.encode()),
+            pos=position,
         )
+        w.put_delivery(tenant, cid, seq, row_dict(record, DELIVERY_RECORD))  # the log's facts, no runtime ones
         return [Delivered(tenant, cid, seq, message, materialized, members, self.params.mailbox_shards)]
 
     def _recipients_by_shard(self, m: ConversationModel, materialized: frozenset[str]) -> dict[int, list[str]]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from projections.state import SessionHead as SessionHead  # the login's head record, beside session_item
@@ -278,27 +277,54 @@ class StoreDiff:
     counts: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
-class AsideBuilds(Protocol):
-    """The engine's side of `fanout rebuild` / `verify`: views built aside from the log
-    are named by a prefix in a directory, swapped in, or compared with the live ones.
-    Every method runs with the views closed (the data dir's lock held)."""
+@dataclass
+class Swapped:
+    """What a swap did to one live table."""
 
-    tables: tuple[str, ...]  # the tables verify compares and `rebuild all` reports
+    rows: int  # rows in the live table after the swap
+    upserted: int | None = None  # rows written into it (None: the whole table was replaced)
+    deleted: int | None = None  # rows deleted from it (None: the whole table was replaced)
+
+
+AsideProgress = Callable[[str, int], None]  # (table, rows read so far)
+
+
+class AsideBuilds(Protocol):
+    """The engine's side of `fanout rebuild` / `verify`: views built aside from the log under
+    a NAME, compared with the live views or swapped into them. The engine decides where a
+    name lives (SQLite + RocksDB: files with a prefix beside the live ones; Cassandra: a
+    keyspace beside the live one), so one rebuild and one verify (tools/rebuild.py) serve
+    every engine. A name is lower-case letters, digits and `_` (both engines accept it).
+    Nothing else writes the live views while a swap runs (the tool holds the data dir's
+    lock, or finds no worker in the consumer group)."""
+
+    tables: tuple[str, ...]  # every table verify compares (the mailbox included)
 
     def tables_of(self, targets: frozenset[str]) -> list[str]:
-        """The tables the writes of `targets` go to (not the mailbox store)."""
+        """The tables a rebuild of `targets` replaces (the mailbox too when it is a target)."""
 
-    def remove(self, directory: Path, prefix: str) -> None:
-        """Delete views built aside (nothing if there are none)."""
+    def open(self, name: str) -> ViewStore:
+        """Fresh, empty views under `name` for the projection host to build into (whatever
+        a crashed run left under that name is removed first); the caller closes them."""
 
-    def swap(self, data_dir: Path, prefix: str, target: str, targets: frozenset[str]) -> None:
-        """Put the views built aside in place of the live ones: whole stores for `all`
-        (views and mailbox) and `mailbox`, else the tables of `targets` in one transaction
-        (StaleAside if the live views moved). Runtime facts of the live delivery records
-        are carried over."""
+    def remove(self, name: str) -> None:
+        """Delete the views built aside under `name` (nothing if there are none); never the live ones."""
 
-    def rows(self, data_dir: Path, tables: list[str]) -> dict[str, int]:
-        """table -> rows in the live views of a data dir."""
+    def positions(self, name: str | None = None) -> dict[tuple[str, int], int]:
+        """(projection, log partition) -> the position tracked in the views built aside
+        under `name`, or in the live views (None)."""
 
-    def diff(self, live: Path, rebuilt: Path, limit: int) -> StoreDiff:
-        """Compare the views of two directories table by table (the mailbox apart)."""
+    def diff(self, name: str, limit: int, progress: AsideProgress | None = None) -> StoreDiff:
+        """The live views compared with the views built aside under `name`, table by table
+        (the mailbox included, runtime facts left out); at most `limit` rows shown per side."""
+
+    def swap(
+        self, name: str, targets: frozenset[str], expect: dict[tuple[str, int], int],
+        progress: AsideProgress | None = None,
+    ) -> dict[str, Swapped]:  # fmt: skip
+        """Put the tables of `targets` built aside under `name` in place of the live ones;
+        the runtime facts of live delivery records are carried over. StaleAside, nothing
+        swapped, if the live positions are not `expect` (the views moved since the build)."""
+
+    def close(self) -> None:
+        """Release what the port opened itself (the live views are the caller's)."""

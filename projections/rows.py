@@ -98,6 +98,19 @@ STATE_COLUMNS = columns(UserConversationState)  # UserConversationState.row() or
 # -- writing: a row's cells in column order ------------------------------------------------
 
 
+_COLUMNS: dict[type, tuple[str, ...]] = {}
+
+
+def row_dict(row: Any, cols: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """A row as the dict the ViewWriter takes (its columns in field order, or `cols`): the
+    projections build MessageRow / DeliveryRow, so a column is named once, here."""
+    if cols is None:
+        cols = _COLUMNS.get(type(row))
+        if cols is None:
+            cols = _COLUMNS[type(row)] = columns(type(row))
+    return {c: getattr(row, c) for c in cols}
+
+
 def head_cells(head: Mapping[str, Any]) -> tuple[Any, ...]:
     """The HEAD_COLUMNS of a head dict (the aggregate id as text)."""
     return tuple(str(head[c]) if c == "aggregate_id" and head.get(c) is not None else head.get(c) for c in HEAD_COLUMNS)

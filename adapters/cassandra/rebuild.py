@@ -18,7 +18,9 @@ one partition at a time (a 100k-member group's state partition at most), not a t
 
 The tables and their keys are read from system_schema: this module knows which tables each
 part writes (TARGET_TABLES, beside their DDL in schema.py) and which columns are runtime facts
-(projections/rows.py), nothing else; the composition root hands it the live views' session."""
+(projections/rows.py), nothing else; the composition root hands it the live views' session
+and how to open views in another keyspace. A name built aside is the keyspace
+`<live keyspace>_<name>` (cut to Cassandra's 48 characters)."""
 
 from __future__ import annotations
 
@@ -27,12 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from cassandra.cluster import Session
-from cassandra.concurrent import execute_concurrent
 from cassandra.query import PreparedStatement, SimpleStatement
 
+from adapters.cassandra.connect import run
 from adapters.cassandra.schema import TARGET_TABLES
 from adapters.cassandra.stamps import RANK_REBUILD, stamp
-from projections.ports import StaleAside, StoreDiff
+from projections.ports import AsideProgress, StaleAside, StoreDiff, Swapped, ViewStore
 from projections.rows import DELIVERY_RUNTIME
 
 TABLES: tuple[str, ...] = (*TARGET_TABLES["heads"][:5], *TARGET_TABLES["state"], *TARGET_TABLES["heads"][5:], "mailbox")
@@ -50,7 +52,7 @@ FETCH = 5000  # rows per page of a scan
 IN_FLIGHT = 100  # writes in the air during a merge
 TIMEOUT = 300.0
 
-Progress = Callable[[str, int], None]  # (table, rows read from the live table so far)
+KEYSPACE_LENGTH = 48  # Cassandra's longest keyspace name
 
 
 @dataclass(frozen=True)
@@ -70,23 +72,15 @@ class Table:
         return tuple(c for c in self.values if c not in self.runtime)
 
 
-@dataclass
-class Merged:
-    """What a merge changed in one live table."""
-
-    rows: int = 0  # rows in the table after the merge
-    upserted: int = 0
-    deleted: int = 0
-
-
 class CassandraAsideBuilds:
     """Views built aside in another keyspace, compared with or merged into the live one."""
 
     tables: tuple[str, ...] = TABLES
 
-    def __init__(self, session: Session, keyspace: str) -> None:
+    def __init__(self, session: Session, keyspace: str, open_views: Callable[[str], ViewStore]) -> None:
         self.session = session
         self.keyspace = keyspace  # the live keyspace (FANOUT_VIEWS)
+        self._open_views = open_views  # keyspace -> its views (tables created), on the same cluster
         self._tables: dict[str, Table] = {}
 
     def tables_of(self, targets: frozenset[str]) -> list[str]:
@@ -95,18 +89,29 @@ class CassandraAsideBuilds:
 
     # -- keyspaces -----------------------------------------------------------------------
 
-    def remove(self, keyspace: str) -> None:
+    def keyspace_of(self, name: str) -> str:
+        suffix = f"_{name}"
+        return f"{self.keyspace[: KEYSPACE_LENGTH - len(suffix)]}{suffix}"
+
+    def open(self, name: str) -> ViewStore:
+        self.remove(name)  # a crashed run's leftovers
+        return self._open_views(self.keyspace_of(name))
+
+    def remove(self, name: str) -> None:
         """Drop a keyspace built aside (nothing if there is none); never the live one."""
+        keyspace = self.keyspace_of(name)
         if keyspace == self.keyspace:
             raise ValueError(f"{keyspace} is the live keyspace")
         self.session.execute(f"DROP KEYSPACE IF EXISTS {keyspace}", timeout=TIMEOUT)
 
-    def positions(self, keyspace: str | None = None) -> dict[tuple[str, int], int]:
+    def positions(self, name: str | None = None) -> dict[tuple[str, int], int]:
         """(projection, partition) -> position tracked in a keyspace (default: the live one)."""
-        rows = self.session.execute(
-            f"SELECT projection, partition, position FROM {keyspace or self.keyspace}.tracking", timeout=TIMEOUT
-        )
+        keyspace = self.keyspace if name is None else self.keyspace_of(name)
+        rows = self.session.execute(f"SELECT projection, partition, position FROM {keyspace}.tracking", timeout=TIMEOUT)
         return {(r["projection"], int(r["partition"])): int(r["position"]) for r in rows}
+
+    def close(self) -> None:
+        """Nothing to release: the live views (and their session) are the caller's."""
 
     def rows(self, tables: Iterable[str], keyspace: str | None = None) -> dict[str, int]:
         """table -> rows (a scan each)."""
@@ -118,11 +123,12 @@ class CassandraAsideBuilds:
 
     # -- compare ---------------------------------------------------------------------------
 
-    def diff(self, rebuilt: str, limit: int, progress: Progress | None = None) -> StoreDiff:
+    def diff(self, name: str, limit: int, progress: AsideProgress | None = None) -> StoreDiff:
         """Compare every table of the live keyspace with the rebuilt keyspace's (runtime
         facts left out); positions: the delivery projection's views' position in each."""
         live_pos = self.positions()
-        new_pos = self.positions(rebuilt)
+        new_pos = self.positions(name)
+        rebuilt = self.keyspace_of(name)
         result = StoreDiff(positions=(_low(live_pos), _low(new_pos)), rows={})
         for name in self.tables:
             table = self._table(name)
@@ -150,12 +156,12 @@ class CassandraAsideBuilds:
 
     def swap(
         self,
-        rebuilt: str,
-        tables: Iterable[str],
+        name: str,
+        targets: frozenset[str],
         expect: dict[tuple[str, int], int],
-        progress: Progress | None = None,
-    ) -> dict[str, Merged]:
-        """Merge the rebuilt keyspace's `tables` into the live ones: upserts of the rows
+        progress: AsideProgress | None = None,
+    ) -> dict[str, Swapped]:
+        """Merge the tables of `targets` built aside into the live ones: upserts of the rows
         missing or different (the live runtime facts carried over), then deletes of the
         live rows the rebuild lacks. StaleAside, with nothing written, if the live tracking
         positions are not `expect` (the views moved since the build started)."""
@@ -165,12 +171,13 @@ class CassandraAsideBuilds:
         # at): it replaces what the units up to P wrote and loses to any unit after P, so a
         # worker started during the merge is never overwritten (adapters/cassandra/stamps.py).
         ts = stamp(max(expect.values(), default=0), RANK_REBUILD)
-        out: dict[str, Merged] = {}
-        for name in tables:
-            table = self._table(name)
+        rebuilt = self.keyspace_of(name)
+        out: dict[str, Swapped] = {}
+        for table_name in self.tables_of(targets):
+            table = self._table(table_name)
             insert = self._insert(table)
             delete = self._delete(table)
-            m = Merged()
+            m = Swapped(rows=0, upserted=0, deleted=0)
             upserts: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
             deletes: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
             for live, new in self._merge(table, rebuilt, progress):
@@ -185,20 +192,20 @@ class CassandraAsideBuilds:
                     row.update({c: live[c] for c in table.runtime})
                 upserts.append((insert, (*(_bound(row[c]) for c in table.columns), ts)))
                 if len(upserts) >= FETCH:
-                    self._run(upserts)
-                    m.upserted += len(upserts)
+                    run(self.session, upserts, IN_FLIGHT)
+                    m.upserted = (m.upserted or 0) + len(upserts)
                     upserts = []
-            self._run(upserts)
-            m.upserted += len(upserts)
-            self._run(deletes)
+            run(self.session, upserts, IN_FLIGHT)
+            m.upserted = (m.upserted or 0) + len(upserts)
+            run(self.session, deletes, IN_FLIGHT)
             m.deleted = len(deletes)
-            out[name] = m
+            out[table_name] = m
         return out
 
     # -- the streaming merge -------------------------------------------------------------
 
     def _merge(
-        self, table: Table, rebuilt: str, progress: Progress | None
+        self, table: Table, rebuilt: str, progress: AsideProgress | None
     ) -> Iterator[tuple[dict[str, Any] | None, dict[str, Any] | None]]:
         """(live row, rebuilt row) pairs by primary key, None on the side that lacks it."""
         seen = 0
@@ -282,10 +289,6 @@ class CassandraAsideBuilds:
     def _delete(self, table: Table) -> PreparedStatement:
         where = " AND ".join(f"{k}=?" for k in table.keys)
         return self.session.prepare(f"DELETE FROM {self.keyspace}.{table.name} USING TIMESTAMP ? WHERE {where}")
-
-    def _run(self, statements: list[tuple[PreparedStatement, tuple[Any, ...]]]) -> None:
-        if statements:
-            execute_concurrent(self.session, statements, concurrency=IN_FLIGHT, raise_on_first_error=True)
 
 
 def _low(positions: dict[tuple[str, int], int]) -> int:

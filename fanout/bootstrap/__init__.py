@@ -31,12 +31,12 @@ from fanout.bootstrap.embedded import (
 )
 from fanout.bootstrap.replica import bootstrap_distributed, open_cassandra_views
 from fanout.bootstrap.stores import (
-    cassandra_aside_builds,
+    RebuildSite,
     log_partitions,
     open_application_for,
     open_distributed_views,
+    open_rebuild_site,
     rebuild_host,
-    sqlite_aside_builds,
     worker_group_members,
 )
 from fanout.config import Settings, is_distributed
@@ -44,24 +44,24 @@ from fanout.runtime import Runtime
 
 __all__ = [
     "EMBEDDED_ENGINES",
+    "RebuildSite",
     "DataDirBusy",
     "DataDirLock",
     "NoMailbox",
     "ShardCountMismatch",
     "bootstrap",
     "bootstrap_distributed",
-    "cassandra_aside_builds",
     "log_partitions",
     "open_application",
     "open_application_for",
     "open_cassandra_views",
     "open_distributed_views",
     "open_mailbox",
+    "open_rebuild_site",
     "open_runtime",
     "open_views",
     "open_views_only",
     "rebuild_host",
-    "sqlite_aside_builds",
     "sqlite_event_store",
     "worker_group_members",
 ]

@@ -4,22 +4,108 @@ what they need, this module picks the engine."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from adapters.sqlite.rebuild import SqliteAsideBuilds
 from domain.params import Parameters
 from fanout.application import FanoutApplication
-from fanout.bootstrap.embedded import open_application
+from fanout.bootstrap.embedded import bootstrap, open_application, open_views, sqlite_event_store
 from fanout.bootstrap.replica import open_cassandra_views
-from fanout.config import Settings, is_distributed
+from fanout.config import ConfigError, Settings, is_distributed
 from fanout.urls import cassandra_settings, kafka_settings, postgres_env
 from projections.ports import ALL_TARGETS, AsideBuilds, ViewStore
 from streams.embedded import EmbeddedRunner
 
 if TYPE_CHECKING:
-    from adapters.cassandra.rebuild import CassandraAsideBuilds
     from adapters.cassandra.views import CassandraViews
+
+Progress = Callable[[int], None]  # the live views' position, as they catch up
+
+
+@dataclass
+class RebuildSite:
+    """What `fanout rebuild` and `verify` (tools/rebuild.py) work on, on the engines the
+    settings name: the log, the live views with the views built aside (`aside`), and the
+    two steps that differ between the runtimes, injected:
+
+    * `catch_up_live(progress)`: bring the live views to the end of the log. Embedded: the
+      tool projects it in process (it holds the data dir's lock, so no serve runs); distributed:
+      None, the workers do it and the tool waits for one position.
+    * `writers()`: who else may be writing the live views right now ("" for no one): the
+      embedded data dir is locked; on Cassandra, the members of the workers' consumer group."""
+
+    app: FanoutApplication
+    params: Parameters
+    aside: AsideBuilds
+    partitions: int  # the log partitions the views track positions of
+    catch_up_live: Callable[[Progress | None], None] | None
+    writers: Callable[[], str]
+    close: Callable[[], None]
+
+    def host(self, views: ViewStore, targets: frozenset[str], until: int) -> EmbeddedRunner:
+        return rebuild_host(self.app, views, self.params, targets=targets, until=until)
+
+
+def open_rebuild_site(settings: Settings) -> RebuildSite:
+    """The site of the engines the settings name. Embedded: the data dir must hold an
+    event store (ConfigError), and it is locked (DataDirBusy while `fanout serve` runs)."""
+    if is_distributed(settings):
+        return _cassandra_site(settings)
+    data_dir = Path(settings.data_dir)
+    store = Path(sqlite_event_store(data_dir)["SQLITE_DBNAME"])
+    if not store.exists():
+        raise ConfigError(f"{data_dir} has no event store ({store.name}): nothing to rebuild or verify from")
+    rt = bootstrap(settings, data_dir, lock=True)
+    runner = rt.runner
+
+    def catch_up_live(progress: Progress | None) -> None:
+        runner.catch_up((lambda _n: progress(runner.position())) if progress else None)
+
+    try:
+        aside = SqliteAsideBuilds(
+            data_dir, rt.views, lambda prefix: open_views(data_dir, settings.params.mailbox_shards, prefix=prefix)
+        )
+    except BaseException:
+        rt.close()
+        raise
+
+    def close() -> None:
+        try:
+            aside.close()
+        finally:
+            rt.close()
+
+    return RebuildSite(rt.app, settings.params, aside, 1, catch_up_live, lambda: "", close)
+
+
+def _cassandra_site(settings: Settings) -> RebuildSite:
+    from adapters.cassandra.rebuild import CassandraAsideBuilds
+
+    app = open_application_for(settings)
+    try:
+        live = open_distributed_views(settings)
+    except BaseException:
+        app.close()
+        raise
+    aside = CassandraAsideBuilds(
+        live.session, live.keyspace, lambda keyspace: open_distributed_views(settings, keyspace=keyspace)
+    )
+
+    def writers() -> str:
+        n = worker_group_members(settings)
+        return f"{n} `fanout worker` process(es) are in the consumer group" if n else ""
+
+    def close() -> None:
+        try:
+            aside.close()
+            live.close()
+        finally:
+            app.close()
+
+    return RebuildSite(app, settings.params, aside, log_partitions(settings), None, writers, close)
 
 
 def rebuild_host(
@@ -33,11 +119,6 @@ def rebuild_host(
     """The projection host a rebuild runs: the event store's notification log (up to `until`)
     into `views`, the projections of `targets` only, on any engine."""
     return EmbeddedRunner(app, views, params, targets=targets, until=until)
-
-
-def sqlite_aside_builds() -> AsideBuilds:
-    """Views built aside in a data dir (files with a prefix) and swapped in by rename."""
-    return SqliteAsideBuilds()
 
 
 def open_application_for(settings: Settings, data_dir: Path | str | None = None, **wiring: Any) -> FanoutApplication:
@@ -68,13 +149,6 @@ def open_distributed_views(settings: Settings, *, keyspace: str | None = None) -
     if keyspace is not None:
         cassandra = replace(cassandra, keyspace=keyspace)
     return open_cassandra_views(cassandra, partitions=log_partitions(settings))
-
-
-def cassandra_aside_builds(views: CassandraViews) -> CassandraAsideBuilds:
-    """The Cassandra side of `fanout rebuild` / `verify` over the live views' session."""
-    from adapters.cassandra.rebuild import CassandraAsideBuilds
-
-    return CassandraAsideBuilds(views.session, views.keyspace)
 
 
 def worker_group_members(settings: Settings) -> int:

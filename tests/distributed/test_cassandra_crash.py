@@ -30,7 +30,7 @@ import pytest
 from domain.errors import FanoutError
 from fanout.config import load_settings
 from tests.distributed.cluster import ROOT, Cluster, cluster_for
-from tools.rebuild import verify_distributed
+from tools.rebuild import verify as verify_views
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine_restart]
 
@@ -180,7 +180,7 @@ def test_kill_9_of_cassandra_during_a_burst_loses_no_acknowledged_message(
     assert not short, f"{len(short)} of {len(MEMBERS)} mailboxes wrong, e.g. {list(short.items())[:3]}"
     session = next(s for s in rt.queries.session_list(T, MEMBERS[-1])[0] if s["conversation_id"] == CID)
     assert session["unread_count"] == top and session["latest_conversation_seq"] == top, session
-    checked = verify_distributed(load_settings({**c.urls, **c.settings_env}), progress=False)
+    checked = verify_views(load_settings({**c.urls, **c.settings_env}), progress=False)
     assert checked.equal, {t: d for t, d in checked.differences.items()}
     log = (c.logs / "worker.log").read_text(errors="replace")
     heals = log.count("they lost acknowledged writes")
@@ -230,7 +230,7 @@ def test_views_that_lost_acknowledged_writes_are_healed_from_the_log(cluster: Cl
         assert seqs == list(range(1, top + 1)), (u, sorted(set(range(1, top + 1)) - set(seqs))[:5])
     head = rt.views.head(T, CID)
     assert head is not None and head["latest_conversation_seq"] == top
-    checked = verify_distributed(load_settings({**c.urls, **c.settings_env}), progress=False)
+    checked = verify_views(load_settings({**c.urls, **c.settings_env}), progress=False)
     assert checked.equal, {t: d for t, d in checked.differences.items()}
     log = (c.logs / "worker.log").read_text(errors="replace")
     assert "they lost acknowledged writes" in log, log[-3000:]

@@ -3,7 +3,7 @@ messages to a 100k-member group, kill -9 an API replica (a sender subprocess), t
 or a worker, or restart the Kafka broker or Cassandra; then every member's mailbox holds
 each message exactly once, every count is exact, and the Cassandra views equal what the
 embedded projection code builds from the same PostgreSQL log (in memory), and `fanout verify`
-(tools.rebuild.verify_distributed) finds no difference.
+(tools.rebuild.verify) finds no difference.
 
 Each scenario is one deployment (its own database, topic and keyspace; one 100k-member
 group created once) and RUNS runs of a few messages each, every run with its own kill point
@@ -43,7 +43,7 @@ from projections.capacity import merged, state_name
 from projections.hosting import build_projections
 from streams.positions import relayed_position
 from tests.distributed.cluster import ROOT, Cluster, cluster_for
-from tools.rebuild import verify_distributed
+from tools.rebuild import verify as verify_views
 
 pytestmark = pytest.mark.slow
 
@@ -276,7 +276,7 @@ def verify(d: Deployment) -> str:
         assert totals[k] == ref_totals[k], (k, totals[k], ref_totals[k])
     timed("capacity")
     # And `fanout verify`: the log projected into a scratch keyspace, compared table by table.
-    checked = verify_distributed(load_settings({**d.cluster.urls, **d.cluster.settings_env}), progress=False)
+    checked = verify_views(load_settings({**d.cluster.urls, **d.cluster.settings_env}), progress=False)
     assert checked.equal, {t: diff for t, diff in checked.differences.items()}
     timed("fanout verify")
     return (

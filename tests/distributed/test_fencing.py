@@ -38,7 +38,7 @@ from api.metrics import Metrics
 from fanout.config import load_settings
 from fanout.distributed import DistributedRuntime
 from tests.distributed.cluster import Cluster, cluster_for
-from tools.rebuild import verify_distributed
+from tools.rebuild import verify as verify_views
 
 pytestmark = pytest.mark.slow
 
@@ -169,7 +169,7 @@ def run_case(c: Cluster, failpoint: str, change: str) -> str:
     assert before["latest_conversation_seq"] == seqs - 1
     mailbox = [e["conversation_seq"] for e in rt.queries.mailbox(T, READER, 0, 100)["entries"]]
     assert mailbox == list(range(1, seqs + 1)), mailbox
-    checked = verify_distributed(load_settings({**c.urls, **c.settings_env}), progress=False)
+    checked = verify_views(load_settings({**c.urls, **c.settings_env}), progress=False)
     assert checked.equal, {t: d for t, d in checked.differences.items()}
     # /metrics counts the fenced units, per worker (their heartbeats carry the counts). A woken
     # process may first wait out a request on a connection that died while it was stopped (the

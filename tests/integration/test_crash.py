@@ -24,6 +24,7 @@ import pytest
 
 from domain.params import Parameters
 from fanout.bootstrap import bootstrap
+from fanout.config import Settings
 from fanout.security import load_or_create_secret, mint_token
 from tools.rebuild import verify
 
@@ -185,5 +186,5 @@ def test_kill_9_during_a_100k_member_fanout_loses_and_duplicates_nothing(templat
         assert con.execute("SELECT count(*) FROM states WHERE conversation_id='big'").fetchone()[0] == MEMBERS
 
     # The views equal a recomputation from the log, table by table and key by key.
-    result = verify(data_dir, Parameters(), progress=False)
+    result = verify(Settings.embedded(data_dir, Parameters()), progress=False)
     assert result.equal, result.differences

@@ -13,6 +13,7 @@ import pytest
 
 from cli.demo import DemoError, run_demo
 from domain.params import Parameters
+from fanout.config import Settings
 from tools.rebuild import verify
 
 MEMBERS = 2000
@@ -77,7 +78,7 @@ def test_the_silent_session_flags_its_gap_and_pull_history_closes_it(demo: tuple
 
 def test_the_demo_leaves_views_that_equal_the_log(demo: tuple[Path, dict[str, Any]]) -> None:
     data_dir, _ = demo
-    assert verify(data_dir, PARAMS, progress=False).equal
+    assert verify(Settings.embedded(data_dir, PARAMS), progress=False).equal
 
 
 def test_the_demo_refuses_a_non_empty_data_dir_unless_forced(demo: tuple[Path, dict[str, Any]]) -> None:

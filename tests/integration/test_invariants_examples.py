@@ -294,6 +294,7 @@ def test_a_send_and_later_membership_changes_in_one_projection_batch_deliver_to_
 
 
 def test_verify_and_rebuild_agree_with_live_after_membership_changes_that_follow_a_send(h, clock):
+    from fanout.config import Settings
     from tools.rebuild import verify
 
     h.app.create_conversation(T, "c", "", ["a", "b"])
@@ -305,7 +306,7 @@ def test_verify_and_rebuild_agree_with_live_after_membership_changes_that_follow
     h.app.remove_member(T, "c", "b")
     h.settle()
     h.close()
-    report = verify(h.data_dir, h.params, progress=False)
+    report = verify(Settings.embedded(h.data_dir, h.params), progress=False)
     assert report.equal, report.differences
 
 
@@ -314,6 +315,7 @@ def test_a_log_written_when_review_lived_in_domain_tier_still_projects_and_verif
     domain.tier:Review.*; they must still resolve, be projected and be verified."""
     import sqlite3
 
+    from fanout.config import Settings
     from tools.rebuild import rebuild, verify
 
     rid = h.app.open_review(T, "small", "manual", {}, "admin")["review_id"]
@@ -327,8 +329,8 @@ def test_a_log_written_when_review_lived_in_domain_tier_still_projects_and_verif
     con.commit()
     con.close()
     assert changed == 2  # Opened, Decided
-    rebuild(h.data_dir, h.params, "all", progress=False)
-    report = verify(h.data_dir, h.params, progress=False)
+    rebuild(Settings.embedded(h.data_dir, h.params), "all", progress=False)
+    report = verify(Settings.embedded(h.data_dir, h.params), progress=False)
     assert report.equal, report.differences
     h.rt = bootstrap(h.params, h.data_dir, clock=clock)
     h.settle()

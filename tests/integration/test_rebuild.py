@@ -19,6 +19,7 @@ from adapters.rocksdb.mailbox import RocksMailbox
 from cli.demo import run_demo
 from domain.params import Parameters
 from fanout.bootstrap import DataDirBusy, DataDirLock
+from fanout.config import Settings
 from projections.ports import MessageRefs
 from tools.rebuild import rebuild, verify
 
@@ -82,7 +83,7 @@ def test_rebuild_all_after_deleting_the_views_equals_the_views_before(data_dir: 
     before = capture(data_dir)
     drop_views_files(data_dir)
 
-    result = rebuild(data_dir, PARAMS, "all", progress=False)
+    result = rebuild(Settings.embedded(data_dir, PARAMS), "all", progress=False)
 
     assert capture(data_dir) == before
     assert result.rows["mailbox"] == len(before["mailbox"])
@@ -93,7 +94,7 @@ def test_rebuild_all_after_deleting_the_views_equals_the_views_before(data_dir: 
 def test_rebuild_all_over_live_views_keeps_delivery_runtime_facts(data_dir: Path) -> None:
     before = capture(data_dir, with_runtime_facts=True)
 
-    rebuild(data_dir, PARAMS, "all", progress=False)
+    rebuild(Settings.embedded(data_dir, PARAMS), "all", progress=False)
 
     assert capture(data_dir, with_runtime_facts=True) == before
 
@@ -102,7 +103,7 @@ def test_rebuild_mailbox_restores_a_deleted_mailbox(data_dir: Path) -> None:
     before = capture(data_dir, with_runtime_facts=True)
     shutil.rmtree(data_dir / "mailbox.rocksdb")
 
-    result = rebuild(data_dir, PARAMS, "mailbox", progress=False)
+    result = rebuild(Settings.embedded(data_dir, PARAMS), "mailbox", progress=False)
 
     assert capture(data_dir, with_runtime_facts=True) == before
     assert set(result.rows) == {"mailbox"}
@@ -115,7 +116,7 @@ def test_rebuild_state_restores_deleted_member_states(data_dir: Path) -> None:
     con.commit()
     con.close()
 
-    result = rebuild(data_dir, PARAMS, "state", progress=False)
+    result = rebuild(Settings.embedded(data_dir, PARAMS), "state", progress=False)
 
     assert capture(data_dir, with_runtime_facts=True) == before
     assert set(result.rows) == {"states"}
@@ -129,7 +130,7 @@ def test_rebuild_heads_restores_heads_messages_delivery_reviews_tiers_and_keeps_
     con.commit()
     con.close()
 
-    rebuild(data_dir, PARAMS, "heads", progress=False)
+    rebuild(Settings.embedded(data_dir, PARAMS), "heads", progress=False)
 
     after = capture(data_dir, with_runtime_facts=True)
     for table in ("heads", "messages", "reviews", "tiers", "states", "mailbox", "tracking"):
@@ -151,7 +152,7 @@ def test_rebuild_heads_keeps_the_runtime_facts_of_existing_delivery_rows(data_di
     con.commit()
     con.close()
 
-    rebuild(data_dir, PARAMS, "heads", progress=False)
+    rebuild(Settings.embedded(data_dir, PARAMS), "heads", progress=False)
 
     assert capture(data_dir, with_runtime_facts=True) == before
 
@@ -161,7 +162,7 @@ def test_rebuild_refuses_a_data_dir_in_use(data_dir: Path) -> None:
     lock.acquire()
     try:
         with pytest.raises(DataDirBusy):
-            rebuild(data_dir, PARAMS, "all", progress=False)
+            rebuild(Settings.embedded(data_dir, PARAMS), "all", progress=False)
     finally:
         lock.release()
 
@@ -199,7 +200,7 @@ def test_verify_finds_a_spurious_mailbox_entry(data_dir: Path) -> None:
     mailbox.write("demo", MessageRefs("all-hands", 999_999, 999, 0, {}, {0: ["u000007"]}))
     mailbox.close()
 
-    result = verify(data_dir, PARAMS, progress=False)
+    result = verify(Settings.embedded(data_dir, PARAMS), progress=False)
 
     assert not result.equal
     assert set(result.differences) == {"mailbox"}
@@ -209,5 +210,5 @@ def test_verify_finds_a_spurious_mailbox_entry(data_dir: Path) -> None:
 
 def test_verify_after_rebuild_all_is_clean(data_dir: Path) -> None:
     drop_views_files(data_dir)
-    rebuild(data_dir, PARAMS, "all", progress=False)
-    assert verify(data_dir, PARAMS, progress=False).equal
+    rebuild(Settings.embedded(data_dir, PARAMS), "all", progress=False)
+    assert verify(Settings.embedded(data_dir, PARAMS), progress=False).equal
