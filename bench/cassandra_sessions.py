@@ -57,7 +57,7 @@ from distributed_common import (  # noqa: E402
 
 from fanout.bootstrap import bootstrap_distributed  # noqa: E402
 from fanout.config import load_settings  # noqa: E402
-from fanout.queries import SESSION_BATCH  # noqa: E402
+from fanout.queries import FIRST_SESSION_BATCH, SESSION_BATCH  # noqa: E402
 
 USER = "login-user"
 
@@ -152,7 +152,7 @@ def main() -> int:
         print(f"  WebSocket (fanout serve)  AUTH sent -> first batch  {ms(first)}")
         print(f"                            AUTH sent -> last batch   {ms(whole)}")
 
-        q_first, q_whole, states_t, heads_t = [], [], [], []
+        q_first, q_whole, q_full_first, states_t, heads_t = [], [], [], [], []
         cpu0, w0 = watch.cpu(), time.time()
         for r in range(args.repeats + 1):
             t0 = time.perf_counter()
@@ -161,6 +161,13 @@ def main() -> int:
             t1 = time.perf_counter()
             for _ in batches:
                 pass
+            t2 = time.perf_counter()
+            # the first frame as it was before ADR-0028's amendment (500 sessions)
+            full = rt.queries.session_batches(TENANT, USER, first=SESSION_BATCH)
+            next(full)
+            if r:
+                q_full_first.append(time.perf_counter() - t2)
+            full.close()
             t2 = time.perf_counter()
             states = rt.views.user_states(TENANT, USER)
             t3 = time.perf_counter()
@@ -179,15 +186,16 @@ def main() -> int:
             for _ in rt.views.heads(TENANT, [f"c{i:05d}"], 1):
                 pass
             one.append(time.perf_counter() - t0)
-        print(f"  Queries on a replica      first frame               {ms(q_first)}")
+        print(f"  Queries on a replica      first frame ({FIRST_SESSION_BATCH})         {ms(q_first)}")
+        print(f"                            a first frame of {SESSION_BATCH}      {ms(q_full_first)}")
         print(f"                            whole list                {ms(q_whole)}")
         print(f"    of which: user_states partition ({len(states):,} rows)  {ms(states_t)}")
         print(f"              {len(states):,} head partitions, concurrently  {ms(heads_t)}")
         print(f"    one head partition read alone, {len(one)} times one after another: {ms(one)}")
-        quick = rt.views.first_sessions(TENANT, USER, SESSION_BATCH)
+        quick = rt.views.first_sessions(TENANT, USER, FIRST_SESSION_BATCH)
         first, complete = quick if quick is not None else (None, False)
         print(f"    the login index's first list: {'none (the two reads answered)' if first is None else len(first)} "
-              f"sessions read for a frame of {SESSION_BATCH}{' (all of them)' if complete else ''}")  # fmt: skip
+              f"sessions read for a frame of {FIRST_SESSION_BATCH}{' (all of them)' if complete else ''}")  # fmt: skip
         print(f"    {cpu_line}", flush=True)
 
         http = Http(base, user_token(USER))

@@ -17,6 +17,10 @@ from projections.ports import ViewReader
 from projections.state import SessionItem, session_item
 
 SESSION_BATCH = 500
+# The first SESSION_LIST_BATCH holds a first screen, not a full frame: a client draws it while
+# the rest comes, and the store reads (and the login index serves) 100 conversations, not 500,
+# before it can go out (ADR-0028, amended in session 8).
+FIRST_SESSION_BATCH = 100
 MAX_PAGE = 1000
 
 
@@ -27,11 +31,14 @@ class Queries:
 
     # -- login sync ------------------------------------------------------------
 
-    def session_batches(self, tenant: str, user_id: str, size: int = SESSION_BATCH) -> Iterator[dict[str, Any]]:
+    def session_batches(
+        self, tenant: str, user_id: str, size: int = SESSION_BATCH, first: int = FIRST_SESSION_BATCH
+    ) -> Iterator[dict[str, Any]]:
         """SESSION_LIST_BATCH frames, most recent activity first, produced lazily so the
-        first frame goes out before the rest is read. BIG_GROUP_HEADS (the user's
+        first frame goes out before the rest is read: the first holds `first` sessions (a
+        first screen; at most `size`), the others `size`. BIG_GROUP_HEADS (the user's
         mention_only groups) ride the same frames (ADR minimal change set b)."""
-        for batch, last in self._session_lists(tenant, user_id, size):
+        for batch, last in self._session_lists(tenant, user_id, min(first, size), size):
             sessions = [session_item(h, st) for h, st in batch]
             big = [
                 {
@@ -46,29 +53,26 @@ class Queries:
             ]
             yield {"type": "SESSION_LIST_BATCH", "sessions": sessions, "big_group_heads": big, "last": last}
 
-    def _session_lists(self, tenant: str, user_id: str, size: int) -> Iterator[tuple[list[SessionItem], bool]]:
+    def _session_lists(
+        self, tenant: str, user_id: str, first: int, size: int
+    ) -> Iterator[tuple[list[SessionItem], bool]]:
         """(a list of sessions, whether it is the last), at least one (empty when the user
-        has no conversation). The first list the store's quick way when it has one (the
-        login index, ADR-0028): it goes out before the rest (every state, every head) is
-        read; otherwise each list once the next one is read (the `last` flag needs it)."""
-        quick = self.views.first_sessions(tenant, user_id, size)
+        has no conversation): `first` sessions, then `size` each. The first list the store's
+        quick way when it has one (the login index, ADR-0028): it goes out before the rest
+        (every state, every head) is read; otherwise each list once one more session is
+        known to follow it (the `last` flag needs it)."""
+        quick = self.views.first_sessions(tenant, user_id, first)
         if quick is not None:
-            first, complete = quick
+            found, complete = quick
             if complete:
-                yield from _marked_last(first, size)
+                yield from _framed(iter([found]), first, size)
                 return
-            yield first[:size], False
-            sent = {h.conversation_id for h, _ in first[:size]}
+            yield found[:first], False
+            sent = {h.conversation_id for h, _ in found[:first]}
             rest = [s for part in self.views.sessions(tenant, user_id, size) for s in part]
-            rest = [s for s in rest if s[0].conversation_id not in sent]
-            yield from _marked_last(rest, size)
+            yield from _framed(iter([[s for s in rest if s[0].conversation_id not in sent]]), size, size)
             return
-        pending: list[SessionItem] | None = None
-        for part in self.views.sessions(tenant, user_id, size):
-            if pending is not None:
-                yield pending, False
-            pending = part
-        yield (pending if pending is not None else []), True
+        yield from _framed(self.views.sessions(tenant, user_id, size), first, size)
 
     def session_list(self, tenant: str, user_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(sessions[], big_group_heads[]) in one piece, for GET /v1/me/sessions."""
@@ -225,7 +229,15 @@ def _check_page(after: int, limit: int) -> None:
         raise InvalidArgument(f"limit must be an integer from 1 to {MAX_PAGE}", field="limit")
 
 
-def _marked_last(items: list[SessionItem], size: int) -> Iterator[tuple[list[SessionItem], bool]]:
-    """`items` in lists of `size` (one empty list when none), each with whether it is the last."""
-    lists = [items[i : i + size] for i in range(0, len(items), size)] or [[]]
-    return ((part, i == len(lists) - 1) for i, part in enumerate(lists))
+def _framed(parts: Iterator[list[SessionItem]], first: int, size: int) -> Iterator[tuple[list[SessionItem], bool]]:
+    """The sessions of `parts` (read lazily) in lists of `first`, then `size`, each with
+    whether it is the last; a list goes once one more session is known to follow it (one
+    empty list when there is none at all)."""
+    buffered: list[SessionItem] = []
+    want = first
+    for part in parts:
+        buffered.extend(part)
+        while len(buffered) > want:
+            yield buffered[:want], False
+            buffered, want = buffered[want:], size
+    yield buffered, True

@@ -34,7 +34,8 @@ from tests.integration.conftest import Harness
 T = "acme"
 USER = "u"
 CONVERSATIONS = 40
-SIZES = (1, 3, 7, 40, 100)
+# (the first frame's sessions, the other frames' sessions)
+FRAMINGS = ((1, 1), (3, 3), (2, 7), (7, 40), (40, 3), (100, 100), (5, 500))
 
 
 def build_log(data_dir: Path) -> list[tuple[int, Any]]:
@@ -80,9 +81,10 @@ def cassandra(engines: dict[str, str]) -> Iterator[CassandraKeyspace]:
     ks.close()
 
 
-def frames(views: ViewStore, size: int) -> list[list[dict[str, Any]]]:
+def frames(views: ViewStore, framing: tuple[int, int]) -> list[list[dict[str, Any]]]:
+    first, size = framing
     q = Queries(views, PARAMS)
-    return [f["sessions"] for f in q.session_batches(T, USER, size)]
+    return [f["sessions"] for f in q.session_batches(T, USER, size, first=first)]
 
 
 def _not_yet(*args: Any) -> Any:
@@ -99,13 +101,14 @@ def test_the_login_of_one_history_is_the_same_on_every_backend(
         for views in (memory, sqlite, cql):
             apply(views, log)
         apply(cql, log[len(log) // 3 :], unit=11)  # at-least-once: a redelivered suffix changes nothing
-        reference = {size: frames(memory, size) for size in SIZES}
-        everyone = [s["conversation_id"] for f in reference[100] for s in f]
+        reference = {framing: frames(memory, framing) for framing in FRAMINGS}
+        everyone = [s["conversation_id"] for f in reference[100, 100] for s in f]
         assert len(everyone) == CONVERSATIONS - 1  # every conversation but the one u left
         assert "c05" not in everyone and f"c{CONVERSATIONS - 1:02d}" in everyone
-        for size in SIZES:
-            assert frames(sqlite, size) == reference[size], f"sqlite, lists of {size}"
-            assert frames(cql, size) == reference[size], f"cassandra, lists of {size}"
+        for framing in FRAMINGS:
+            assert frames(sqlite, framing) == reference[framing], f"sqlite, lists of {framing}"
+            assert frames(cql, framing) == reference[framing], f"cassandra, lists of {framing}"
+            assert [s for f in reference[framing] for s in f] == [s for f in reference[100, 100] for s in f]
         # the first list came from the index: a few hours' rows, not every head
         assert isinstance(cql, CassandraViews)
         quick = cql.first_sessions(T, USER, 3)
@@ -118,10 +121,10 @@ def test_the_login_of_one_history_is_the_same_on_every_backend(
         real_sessions = cql.sessions
         cql.sessions = _not_yet  # type: ignore[method-assign]
         try:
-            frame = next(q.session_batches(T, USER, 3))
+            frame = next(q.session_batches(T, USER, 3, first=3))
         finally:
             cql.sessions = real_sessions  # type: ignore[method-assign]
-        assert frame["sessions"] == reference[3][0] and frame["last"] is False
+        assert frame["sessions"] == reference[3, 3][0] and frame["last"] is False
         # one live row per conversation of the user's, in the hour of its last activity
         rows = list(
             cql.session.execute(
