@@ -152,8 +152,8 @@ class TenantQuotaSlot(Aggregate):
 
 class SlottedQuota:
     """The tenant bucket as K slots, seen from one replica: its own slot pays when it can;
-    otherwise `others()` (loaded only then) lend the rest, fullest first, each charged in
-    the same save. Refused only when all K slots together cannot pay: then the wait is
+    otherwise `others()` (loaded only then) lend the rest (one slot when one can, the next
+    after its own in slot order; else several, fullest first), each charged in the same save. Refused only when all K slots together cannot pay: then the wait is
     computed over the sum (each slot refills at R/K up to C/K).
 
     The sum of the slots is never more than the single bucket would hold, and equal to it
@@ -186,6 +186,20 @@ class SlottedQuota:
             slack=1e-9 + refill * len(levels) * 4 * math.ulp(now),  # as TokenBucket.retry_after forgives
         )
 
+    def _lenders(
+        self, others: Sequence[TenantQuotaSlot], avail: dict[int, float], rest: float
+    ) -> list[TenantQuotaSlot]:
+        """The other slots in the order they lend `rest`: first one that can lend it all
+        alone, the next such slot after this replica's own in slot order (replicas that all
+        borrow at once then lean on different slots instead of all racing for the fullest
+        one: each save touches two slot streams, not every replica the same one), then the
+        others fullest first (several lend only when none can alone)."""
+        k, n = self.own.slot, self.own.slots
+        alone = sorted((s for s in others if avail[id(s)] >= rest), key=lambda s: (s.slot - k) % n)
+        if alone:
+            return [alone[0]]
+        return sorted(others, key=lambda s: -avail[id(s)])
+
     def charge(self, entries: int, conversation_id: str, params: Parameters, now: float) -> None:
         own = self.own.level(params, now)
         if own.retry_after(entries, now) == 0.0:
@@ -195,7 +209,8 @@ class SlottedQuota:
         slots = self._all()
         left = float(entries)
         avail = {id(s): s.level(params, now).available(now) for s in slots}
-        order = [self.own, *sorted(slots[1:], key=lambda s: -avail[id(s)])]
+        rest = left - max(0.0, avail[id(self.own)])
+        order = [self.own, *self._lenders(slots[1:], avail, rest)]
         self.charged = []
         for i, slot in enumerate(order):
             last = i == len(order) - 1
@@ -231,4 +246,6 @@ def sum_retry_after(
         missing -= gain
         t = stop
         rising -= 1
-    return math.inf
+    # Every bucket is full at t and they hold the cost (checked above): what is still
+    # "missing" is rounding (a cost of exactly K x capacity; hypothesis found it returning inf).
+    return t

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from domain.admission import TokenBucket
@@ -102,11 +102,32 @@ def test_a_send_its_slot_cannot_pay_borrows_from_the_fullest_slots_in_the_same_c
     assert q.charged == [all_slots[5]] and not loaded
 
 
+def test_replicas_that_borrow_at_once_lean_on_different_slots() -> None:
+    """When one other slot can lend the whole rest, only that one is charged: the next such
+    slot after the borrower's own in slot order. Replicas whose own slots are empty then
+    borrow from different slots (each save races on two streams, not all on the fullest)."""
+    p = params(80, 8)  # 8 slots of 10
+    now = 10.0
+    all_slots = slots()
+    for k in (0, 2, 4, 6):  # four replicas' own slots, emptied
+        all_slots[k].take(10, "c", p, now)
+    all_slots[5].take(2, "c", p, now)  # slot 5 holds 8, the fullest are 1, 3, 7 (10 each)
+    lenders = []
+    for own in (0, 2, 4, 6):
+        q = SlottedQuota(all_slots[own], lambda: all_slots)
+        q.charge(6, "c", p, now)  # the own slot is empty: one lender pays all 6
+        assert len(q.charged) == 1 and q.charged[0] is not all_slots[own]  # the empty own slot pays nothing
+        lenders.append(q.charged[0].slot)
+    assert lenders == [1, 3, 5, 7]  # the next slot after each own one that could lend 6
+    assert sum(s.charged_total for s in all_slots) == 4 * 10 + 2 + 4 * 6
+
+
 @given(
     available=st.lists(st.floats(min_value=0.0, max_value=10.0, allow_nan=False), min_size=1, max_size=8),
     refill=st.floats(min_value=0.1, max_value=10.0, allow_nan=False),
     cost=st.floats(min_value=0.0, max_value=80.0, allow_nan=False),
 )
+@example(available=[0.0] * 7 + [1.55858501411682], refill=1.0, cost=80.0)  # all K full: once answered inf
 def test_the_retry_hint_is_the_exact_wait_for_the_sum(available: list[float], refill: float, cost: float) -> None:
     capacity = 10.0
     wait = sum_retry_after(available, capacity, refill, cost)
