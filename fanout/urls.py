@@ -7,9 +7,10 @@
   replication and `min.insync.replicas` of the topics the processes create (absent: the
   broker's default; a cluster: replication=3&min_insync=2). Producers always use acks=all;
 * `FANOUT_VIEWS=cassandra://host[:port][,host...]/keyspace[?replication=1&consistency=LOCAL_ONE
-  &datacenter=datacenter1&in_flight=200]` -> contact points, keyspace, replication factor, the
-  consistency level of reads and writes (a cluster: replication=3&consistency=LOCAL_QUORUM) and
-  the requests a unit of work keeps in the air at once (ADR-0027).
+  &datacenter=datacenter1&in_flight=200&compression=lz4]` -> contact points, keyspace, replication
+  factor, the consistency level of reads and writes (a cluster: replication=3&consistency=LOCAL_QUORUM),
+  the requests a unit of work keeps in the air at once (ADR-0027), and the compression of the
+  native protocol's frames (`lz4`, or `none`: ADR-0032).
 
 A malformed URL stops start-up with a ConfigError naming the setting."""
 
@@ -61,7 +62,9 @@ def postgres_env(url: str, name: str = "FANOUT_EVENT_STORE") -> dict[str, str]:
         raise UrlError(f"{name}={url!r}: expected postgresql://user@host:port/dbname")
     dbname = unquote(u.path.lstrip("/"))
     if not dbname or not u.hostname:
-        raise UrlError(f"{name}={url!r}: name the host and the database, e.g. postgresql://postgres@127.0.0.1:5432/fanout")
+        raise UrlError(
+            f"{name}={url!r}: name the host and the database, e.g. postgresql://postgres@127.0.0.1:5432/fanout"
+        )
     q = _query(u.query, {"schema", "pool_size", "max_overflow", "connect_timeout"}, name)
     env = {
         "PERSISTENCE_MODULE": "eventsourcing.postgres",
@@ -132,6 +135,10 @@ class CassandraSettings:
     consistency: str = "LOCAL_ONE"
     datacenter: str = "datacenter1"
     in_flight: int = 200  # requests in the air while a unit of work commits (adapters.cassandra.views.IN_FLIGHT)
+    compression: str = "lz4"  # of the native protocol's frames: lz4 or none (ADR-0032)
+
+
+COMPRESSIONS = ("lz4", "none")
 
 
 def cassandra_settings(url: str, name: str = "FANOUT_VIEWS") -> CassandraSettings:
@@ -140,14 +147,19 @@ def cassandra_settings(url: str, name: str = "FANOUT_VIEWS") -> CassandraSetting
         raise UrlError(f"{name}={url!r}: expected cassandra://host:port/keyspace")
     keyspace = u.path.strip("/")
     if not keyspace or not keyspace.replace("_", "a").isalnum() or not keyspace[0].isalpha() or len(keyspace) > 48:
-        raise UrlError(f"{name}={url!r}: name a keyspace (letters, digits, _; up to 48), e.g. cassandra://127.0.0.1:9042/fanout")
-    q = _query(u.query, {"replication", "consistency", "datacenter", "in_flight"}, name)
+        raise UrlError(
+            f"{name}={url!r}: name a keyspace (letters, digits, _; up to 48), e.g. cassandra://127.0.0.1:9042/fanout"
+        )
+    q = _query(u.query, {"replication", "consistency", "datacenter", "in_flight", "compression"}, name)
     hosts = _hosts(u.netloc, 9042, name)
     if len({p for _, p in hosts}) != 1:
         raise UrlError(f"{name}: every contact point must use the same port")
     consistency = q.get("consistency", "LOCAL_ONE").upper()
     if consistency not in CONSISTENCY_LEVELS:
         raise UrlError(f"{name}: consistency={consistency!r}; one of {', '.join(CONSISTENCY_LEVELS)}")
+    compression = q.get("compression", "lz4").lower()
+    if compression not in COMPRESSIONS:
+        raise UrlError(f"{name}: compression={compression!r}; one of {', '.join(COMPRESSIONS)}")
     return CassandraSettings(
         hosts=tuple(h for h, _ in hosts),
         port=hosts[0][1],
@@ -156,4 +168,5 @@ def cassandra_settings(url: str, name: str = "FANOUT_VIEWS") -> CassandraSetting
         consistency=consistency,
         datacenter=q.get("datacenter", "datacenter1"),
         in_flight=_int(q.get("in_flight", "200"), "in_flight", name),
+        compression=compression,
     )

@@ -44,6 +44,7 @@ class ClusterSettings:
     replication: int = 1
     consistency: str = "LOCAL_ONE"
     datacenter: str = "datacenter1"
+    compression: str = "lz4"
 
 
 class Connection:
@@ -78,9 +79,11 @@ class Connection:
 def open_session(settings: Any, *, tables: Sequence[str] = ALL_TABLES, reactor: str = "libev") -> Connection:
     """A Connection to the settings' cluster, with the keyspace and `tables` (DDL of
     schema.py; default: the views' and the mailbox's) created if absent. `settings`: an
-    object with hosts, port, keyspace, replication, consistency, datacenter
+    object with hosts, port, keyspace, replication, consistency, datacenter, compression
     (fanout.urls.CassandraSettings, ClusterSettings). The caller owns what it returns."""
-    cluster, session = open_cluster(settings.hosts, settings.port, settings.datacenter, settings.consistency, reactor)
+    cluster, session = open_cluster(
+        settings.hosts, settings.port, settings.datacenter, settings.consistency, reactor, settings.compression
+    )
     connection = Connection(cluster, session, settings.keyspace)
     try:
         create_schema(session, settings.keyspace, settings.replication, settings.datacenter, tables)
@@ -91,10 +94,18 @@ def open_session(settings: Any, *, tables: Sequence[str] = ALL_TABLES, reactor: 
 
 
 def open_cluster(
-    hosts: Iterable[str], port: int, datacenter: str, consistency: str, reactor: str = "libev"
+    hosts: Iterable[str],
+    port: int,
+    datacenter: str,
+    consistency: str,
+    reactor: str = "libev",
+    compression: str = "lz4",
 ) -> tuple[Cluster, Session]:
     """A connected cluster and session with this module's settings (the caller shuts the
-    cluster down; open_session wraps it in a Connection); the reactor: see _connection_class."""
+    cluster down; open_session wraps it in a Connection); the reactor: see _connection_class;
+    `compression` of the protocol's frames, lz4 or none (ADR-0032)."""
+    if compression not in ("lz4", "none"):
+        raise ValueError(f"compression={compression!r}: lz4 or none")
     profile = ExecutionProfile(
         load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=datacenter)),
         consistency_level=ConsistencyLevel.name_to_value[consistency],
@@ -108,6 +119,7 @@ def open_cluster(
         execution_profiles={EXEC_PROFILE_DEFAULT: profile},
         connection_class=_connection_class(reactor),
         reconnection_policy=ExponentialReconnectionPolicy(*RECONNECT_DELAYS),
+        compression="lz4" if compression == "lz4" else False,
     )
     try:
         return cluster, cluster.connect()

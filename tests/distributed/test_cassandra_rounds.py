@@ -51,3 +51,15 @@ def test_a_round_that_succeeds_writes_everything(keyspace: tuple[Any, str, Any])
     session, ks, insert = keyspace
     run(session, ((insert, (f"m{i:04d}", "{}")) for i in range(1000)), in_flight=50)
     assert session.execute(f"SELECT count(*) AS n FROM {ks}.capacity").one()["n"] == 1000
+
+
+@pytest.mark.parametrize("compression", ["lz4", "none"])
+def test_the_views_url_chooses_the_protocol_compression(fresh_cassandra: str, compression: str) -> None:
+    """`?compression=` (ADR-0032) reaches the driver: lz4 frames are negotiated, or none."""
+    import dataclasses
+
+    settings = dataclasses.replace(cassandra_settings(fresh_cassandra), compression=compression)
+    with open_session(settings, tables=()) as c:
+        connection = c.cluster.control_connection._connection
+        assert (connection.compressor is not None) == (compression == "lz4")
+        assert c.session.execute("SELECT release_version FROM system.local").one()["release_version"]

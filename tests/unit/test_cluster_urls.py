@@ -29,3 +29,10 @@ def test_cassandra_cluster_url_names_every_contact_point() -> None:
     assert c.hosts == ("127.0.0.2", "127.0.0.3", "127.0.0.4")
     assert (c.port, c.keyspace, c.replication, c.consistency, c.in_flight) == (29042, "fanout", 3, "LOCAL_QUORUM", 24)
     assert cassandra_settings("cassandra://127.0.0.1:19042/ks").in_flight == 200
+
+
+def test_the_protocol_compression_is_lz4_or_none_and_nothing_else() -> None:
+    assert cassandra_settings("cassandra://127.0.0.1:19042/ks").compression == "lz4"
+    assert cassandra_settings("cassandra://127.0.0.1:19042/ks?compression=none").compression == "none"
+    with pytest.raises(UrlError, match="compression='snappy'; one of lz4, none"):
+        cassandra_settings("cassandra://127.0.0.1:19042/ks?compression=snappy")
