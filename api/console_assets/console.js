@@ -15,7 +15,7 @@ const DECISIONS = [
 ];
 
 const $ = (id) => document.getElementById(id);
-const state = { samples: [], timer: null, tiers: [], polling: false };
+const state = { samples: [], timer: null, tiers: [], tiersDrawn: null, polling: false };
 
 class ApiError extends Error {
   constructor(status, body) {
@@ -212,10 +212,21 @@ function renderReviews(reviews) {
   const open = reviews.filter((r) => r.status === "open");
   const decided = reviews.filter((r) => r.status !== "open").sort((a, b) => (b.decided_at || 0) - (a.decided_at || 0));
   fill($("decided-reviews").tBodies[0], decided.map((r) => [short(r.review_id), r.size_bucket, r.trigger, r.decision, Object.entries(r.decision_params || {}).map(([k, v]) => k + "=" + v).join(", "), r.decided_by, when(r.decided_at)]));
-  // A card already shown is kept as it is (what the reviewer typed, the preview); new ones are added.
+  // A card already shown stays where it is, untouched (what the reviewer typed, the preview, the
+  // focus, a click in progress); new ones are added, decided ones removed.
   const shown = new Map([...$("open-reviews").querySelectorAll("form.review")].map((f) => [f.dataset.reviewId, f]));
-  const cards = open.sort((a, b) => a.opened_at - b.opened_at).map((r) => shown.get(r.review_id) || reviewCard(r));
-  $("open-reviews").replaceChildren(...(cards.length ? cards : [el("p", { class: "note", id: "no-open-reviews" }, "No open review.")]));
+  const byAge = (a, b) => a.opened_at - b.opened_at || (a.review_id < b.review_id ? -1 : a.review_id > b.review_id ? 1 : 0);
+  const cards = open.sort(byAge).map((r) => shown.get(r.review_id) || reviewCard(r));
+  place($("open-reviews"), cards.length ? cards : [$("no-open-reviews") || el("p", { class: "note", id: "no-open-reviews" }, "No open review.")]);
+}
+
+// Makes `nodes` the children of `parent` without taking out a node that is already in place: a
+// node taken out of the page and put back (replaceChildren) loses the focus, so the keystrokes
+// after it go nowhere, and a click whose button was down then is not delivered to it.
+function place(parent, nodes) {
+  const keep = new Set(nodes);
+  for (const c of [...parent.children]) if (!keep.has(c)) c.remove();
+  nodes.forEach((n, i) => { if (parent.children[i] !== n) parent.insertBefore(n, parent.children[i] || null); });
 }
 
 function evidence(r) {
@@ -286,6 +297,11 @@ function renderPreview(out, p) {
 
 function renderTiers(tiers) {
   state.tiers = tiers;
+  // Redrawn only when a tier changed: a redraw replaces the Roll back... buttons, and a click
+  // whose button was down then would be lost.
+  const drawn = JSON.stringify(tiers);
+  if (drawn === state.tiersDrawn) return;
+  state.tiersDrawn = drawn;
   fill($("tiers").tBodies[0], tiers.map((t) => [
     t.size_bucket,
     el("td", { class: t.state === "enabled" ? "amber tier-state" : "tier-state", id: "tier-" + t.size_bucket }, t.state),

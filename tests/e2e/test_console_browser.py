@@ -5,7 +5,8 @@ review appears with the evidence; bad form input is answered by the API's error 
 and writes nothing; the server's preview names the conversation that would switch; deciding
 switches it and the tiers show it; rollback returns it; re-review condition (1) turns red
 under a short FANOUT_REREVIEW_HOLD. Each step's screenshot goes to the test's tmp dir, or with
-CONSOLE_SCREENSHOTS=docs/console to the README's (from the embedded run).
+CONSOLE_SCREENSHOTS=docs/console to the README's (from the embedded run). A second test: the
+page's once-a-second poll keeps what the reviewer types and clicks in a review card and the tiers.
 
 Chromium must start: when it cannot, these tests FAIL with the reason (never a skip);
 `make test` installs it with apt-get where it is missing (Makefile `browser`)."""
@@ -146,6 +147,8 @@ async def test_a_reviewer_takes_a_t1_review_from_evidence_to_rollback_in_the_bro
         await card.locator("select.decision").select_option("enable_mention_only")
         await card.locator("input.min-saving").fill("1")
         await card.locator("input.max-ratio").fill("2")
+        # what was typed is in the fields (a poll once took the focus away between two keystrokes)
+        assert [await card.locator(f"input.{f}").input_value() for f in ("min-saving", "max-ratio")] == ["1", "2"]
         await card.locator("button.decide-button").click()
         await card.locator(".form-error:has-text('INVALID_ARGUMENT')").wait_for(timeout=STEP)
         assert "read_diffusion_max_active_ratio" in await card.locator(".form-error").inner_text()
@@ -157,6 +160,7 @@ async def test_a_reviewer_takes_a_t1_review_from_evidence_to_rollback_in_the_bro
 
         # 5. the server's preview names the conversation that would switch
         await card.locator("input.max-ratio").fill("0.9")
+        assert [await card.locator(f"input.{f}").input_value() for f in ("min-saving", "max-ratio")] == ["1", "0.9"]
         await card.locator("button.preview-button").click()
         summary = card.locator(".preview-summary")
         await card.locator(".preview-summary, .form-error:not(:empty)").first.wait_for(timeout=STEP)
@@ -213,3 +217,76 @@ async def test_a_reviewer_takes_a_t1_review_from_evidence_to_rollback_in_the_bro
             await load
         await context.close()
     print(f"browser story on {server.kind}: {time.monotonic() - started:.1f} s")
+
+
+# Counts the console's polls as they render (each sets #capacity-updated, in the same task as
+# every other table and the review cards): the test waits for the next one, never for a time.
+COUNT_POLLS = """() => {
+  window.renders = 0;
+  new MutationObserver(() => { window.renders += 1; }).observe(document.getElementById("capacity-updated"), { childList: true });
+}"""
+
+
+async def test_the_consoles_refresh_keeps_what_the_reviewer_types_and_clicks(
+    api: Api, server: Server, browser: Any
+) -> None:
+    """The console polls the API every second and redraws its tables. A review card being
+    filled in must not notice: the focus stays in the field, the keystrokes after a poll land in
+    it, and a click whose button goes down before a poll and up after it still counts (Preview,
+    Decide, Roll back...). A whole-suite run lost a typed read_diffusion_min_saving and a Decide
+    click this way: every poll took each open card out of the page and put it back."""
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    rid = expect(await api.admin(tenant).open_review(size_bucket="small"), 201)["review_id"]
+    context = await browser.new_context(viewport={"width": 1280, "height": 900})
+    page = await context.new_page()
+    try:
+        await page.goto(server.url + "/console/")
+        await page.fill("#token", mint_token(SECRET, tenant, "admin", "rita-reviewer"))
+        await page.click("#token-form button")
+        await page.wait_for_selector("#app:not([hidden])", timeout=STEP)
+        card = page.locator(f"form.review[data-review-id='{rid}']")
+        await card.wait_for(timeout=STEP)
+        await page.evaluate(COUNT_POLLS)
+
+        async def next_poll() -> None:
+            seen = await page.evaluate("window.renders")
+            await page.wait_for_function("seen => window.renders > seen", arg=seen, timeout=STEP)
+
+        async def click_across_a_poll(selector: str) -> None:
+            button = page.locator(selector)
+            # at the top of the view: a table above that grows or shrinks does not move it
+            await button.evaluate("b => b.scrollIntoView({ block: 'start' })")
+            box = await button.bounding_box()
+            assert box is not None, selector
+            await page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            await page.mouse.down()
+            await next_poll()
+            await page.mouse.up()
+
+        # typing: a poll between two keystrokes leaves the focus in the field and the text whole
+        await card.locator("select.decision").select_option("enable_mention_only")
+        min_saving, max_ratio = card.locator("input.min-saving"), card.locator("input.max-ratio")
+        await min_saving.click()
+        await page.keyboard.type("20")
+        await next_poll()
+        await page.keyboard.type("000")
+        await page.keyboard.press("Tab")
+        await page.keyboard.type("0.")
+        await next_poll()
+        await page.keyboard.type("05")
+        assert await min_saving.input_value() == "20000"
+        assert await max_ratio.input_value() == "0.05"
+        assert await max_ratio.evaluate("e => e === document.activeElement")
+
+        # clicks held across a poll: Preview, Decide (enables the tier), Roll back...
+        card_id = await card.get_attribute("id")
+        await click_across_a_poll(f"#{card_id} button.preview-button")
+        await card.locator(".preview-summary, .form-error:not(:empty)").first.wait_for(timeout=STEP)
+        assert await card.locator(".preview-summary").count() == 1, await card.locator(".form-error").inner_text()
+        await click_across_a_poll(f"#{card_id} button.decide-button")
+        await page.wait_for_selector("#tier-small:has-text('enabled')", timeout=STEP)
+        await click_across_a_poll("#tiers button.rollback")
+        await page.wait_for_selector("#rollback-confirm:not([hidden])", timeout=STEP)
+        assert "return to always" in await page.locator("#rollback-text").inner_text()
+    finally:
+        await context.close()
