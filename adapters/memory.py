@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from projections.ports import ALL_TARGETS, LogPosition, MailboxEntry, MessageRefs
-from projections.rows import HEAD_COLUMNS, delivery_dict, head_dict, message_dict
+from projections.rows import HEAD_COLUMNS, DeliveryRecord, MessageRow, delivery_dict, head_dict, message_dict
 from projections.state import SessionHead, SessionItem, UserConversationState, sessions_by_two_reads
 
 Key = tuple[str, str]  # (tenant, conversation_id)
@@ -119,8 +119,8 @@ class MemoryWriter:
         }
         self._queue("heads", lambda v: v.put_head_row(row))
 
-    def put_message(self, tenant: str, conversation_id: str, message: dict[str, Any]) -> None:
-        m = copy.deepcopy(message)
+    def put_message(self, tenant: str, conversation_id: str, message: MessageRow) -> None:
+        m: dict[str, Any] = copy.deepcopy(dict(message))
         self._queue(
             "heads",
             lambda v: v.message_rows.setdefault((tenant, conversation_id), {}).__setitem__(m["conversation_seq"], m),
@@ -153,7 +153,7 @@ class MemoryWriter:
     def delete_activity(self, tenant: str, conversation_id: str, user_id: str, bucket: int) -> None:
         """No login index here (put_activity)."""
 
-    def put_delivery(self, tenant: str, conversation_id: str, seq: int, record: dict[str, Any]) -> None:
+    def put_delivery(self, tenant: str, conversation_id: str, seq: int, record: DeliveryRecord) -> None:
         if "heads" not in self.targets:
             return
         row = {**record, "online_pushes": None, "materialized_at": None}
@@ -194,7 +194,9 @@ class MemoryViews:
     # -- writing (applied under the lock, at commit) ----------------------------------
 
     @contextmanager
-    def unit_of_work(self, targets: frozenset[str] = ALL_TARGETS, *, now: float | None = None) -> Iterator[MemoryWriter]:
+    def unit_of_work(
+        self, targets: frozenset[str] = ALL_TARGETS, *, now: float | None = None
+    ) -> Iterator[MemoryWriter]:
         w = MemoryWriter(targets)
         yield w  # an exception here leaves everything as it was
         for tenant, refs in w.mailbox:  # durable first, idempotent (as the SQLite views do)

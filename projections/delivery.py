@@ -17,7 +17,7 @@ import itertools
 from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass, field
 from functools import singledispatchmethod
-from typing import Any
+from typing import Any, cast
 
 from domain.conversation import Conversation
 from domain.delivery import ANNOUNCEMENT, MENTION_ALL, Targets, materialized_members
@@ -25,7 +25,7 @@ from domain.params import Parameters, WritePolicy
 from domain.policy import is_active
 from domain.reads import READ_EVENTS, MemberReadState
 from projections.ports import MessageRefs, ViewStore, ViewWriter
-from projections.rows import DELIVERY_RECORD, DeliveryRow, MessageRow, row_dict
+from projections.rows import DeliveryRecord, MessageRow
 from projections.sharding import shard_of
 from projections.state import UserConversationState, activity_bucket
 
@@ -324,20 +324,18 @@ class DeliveryProjection:
             return []
         tenant, cid, seq = m.tenant, m.conversation_id, e.seq
         broadcast = e.mention_all or e.announcement
-        message = row_dict(
-            MessageRow(
-                conversation_id=cid,
-                conversation_seq=seq,
-                message_id=e.message_id,
-                sender=e.sender,
-                text=e.text,
-                mentions=list(e.mentions),
-                mention_all=e.mention_all,
-                reply_to_seq=e.reply_to_seq,
-                announcement=e.announcement,
-                sent_at=e.at,
-                pos=position,
-            )
+        message = MessageRow(
+            conversation_id=cid,
+            conversation_seq=seq,
+            message_id=e.message_id,
+            sender=e.sender,
+            text=e.text,
+            mentions=list(e.mentions),
+            mention_all=e.mention_all,
+            reply_to_seq=e.reply_to_seq,
+            announcement=e.announcement,
+            sent_at=e.at,
+            pos=position,
         )
         w.put_message(tenant, cid, message)
         if broadcast:
@@ -398,7 +396,7 @@ class DeliveryProjection:
                 changed[u] = s
         if changed:
             w.put_states(tenant, cid, list(changed.items()))
-        record = DeliveryRow(
+        record = DeliveryRecord(
             message_id=e.message_id,
             write_policy=e.write_policy,
             member_count=len(m.members),
@@ -407,8 +405,12 @@ class DeliveryProjection:
             body_bytes=len(e.text.encode()),
             pos=position,
         )
-        w.put_delivery(tenant, cid, seq, row_dict(record, DELIVERY_RECORD))  # the log's facts, no runtime ones
-        return [Delivered(tenant, cid, seq, message, materialized, members, self.params.mailbox_shards)]
+        w.put_delivery(tenant, cid, seq, record)
+        return [
+            Delivered(
+                tenant, cid, seq, cast(dict[str, Any], message), materialized, members, self.params.mailbox_shards
+            )
+        ]
 
     def _recipients_by_shard(self, m: ConversationModel, materialized: frozenset[str]) -> dict[int, list[str]]:
         """The materialized recipients of a mention_only message, per MailboxShard. (In

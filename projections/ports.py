@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from projections.rows import DeliveryRecord, MessageRow
 from projections.state import SessionHead as SessionHead  # the login's head record, beside session_item
 from projections.state import SessionItem as SessionItem
 from projections.state import UserConversationState
@@ -104,7 +105,7 @@ class ViewWriter(Protocol):
 
     def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any]) -> None: ...
 
-    def put_message(self, tenant: str, conversation_id: str, message: dict[str, Any]) -> None: ...
+    def put_message(self, tenant: str, conversation_id: str, message: MessageRow) -> None: ...
 
     def put_mailbox(self, tenant: str, refs: MessageRefs) -> None: ...
 
@@ -127,7 +128,7 @@ class ViewWriter(Protocol):
     def delete_activity(self, tenant: str, conversation_id: str, user_id: str, bucket: int) -> None:
         """The login index row of a member who left (ignored where put_activity is)."""
 
-    def put_delivery(self, tenant: str, conversation_id: str, seq: int, record: dict[str, Any]) -> None: ...
+    def put_delivery(self, tenant: str, conversation_id: str, seq: int, record: DeliveryRecord) -> None: ...
 
     def put_review(self, review: dict[str, Any]) -> None: ...
 

@@ -1,13 +1,15 @@
 """The rows the views hold, typed once. The delivery projection writes them as dicts
-(`ViewWriter.put_head`, `put_message`, `put_delivery`, `put_states`); every backend
+(`ViewWriter.put_head`, `put_message`, `put_delivery`, `put_states`), built as these
+TypedDicts (plain dicts at run time, their keys and types checked by mypy); every backend
 (adapters/sqlite, adapters/cassandra, adapters/memory) derives its column lists from
 these types and answers with the dicts built here, so the three stop spelling them
 separately and the wire shape (tests/e2e, tests/contract) is defined in one place.
 
 * HeadRow: a conversation's head, keyed (tenant, conversation_id).
 * MessageRow: a message body, keyed (tenant, conversation_id, conversation_seq).
-* DeliveryRow: a message's delivery record, same key, with the runtime facts a rebuild
-  cannot recompute (DELIVERY_RUNTIME).
+* DeliveryRecord: a message's delivery record, same key, as the log says it;
+  DeliveryRow: the stored row, with the runtime facts a rebuild cannot recompute
+  (DELIVERY_RUNTIME).
 * The member rows are UserConversationState (STATE_COLUMNS); a mailbox entry is
   projections.ports.MailboxEntry; a login's session item is SessionItem, the pair
   (SessionHead, SessionState) of projections/state.py."""
@@ -16,8 +18,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import fields, is_dataclass
+from typing import Any, TypedDict
 
 from projections.state import SessionHead as SessionHead
 from projections.state import SessionItem as SessionItem
@@ -26,12 +28,14 @@ from projections.state import UserConversationState
 
 
 def columns(row: type) -> tuple[str, ...]:
-    """The column names of a row type, in its field order."""
-    return tuple(f.name for f in fields(row))
+    """The column names of a row type (a TypedDict here, or a dataclass: UserConversationState),
+    in its declared order."""
+    if is_dataclass(row):
+        return tuple(f.name for f in fields(row))
+    return tuple(row.__annotations__)
 
 
-@dataclass(frozen=True, slots=True)
-class HeadRow:
+class HeadRow(TypedDict):
     """A conversation's head (ConversationHead): the columns after its key."""
 
     aggregate_id: str
@@ -48,8 +52,7 @@ class HeadRow:
     position: int  # the log position of the last event applied to the conversation
 
 
-@dataclass(frozen=True, slots=True)
-class MessageRow:
+class MessageRow(TypedDict):
     """A message: the columns after the tenant. The views answer it without `pos`."""
 
     conversation_id: str
@@ -65,9 +68,8 @@ class MessageRow:
     pos: int  # the log position of the send
 
 
-@dataclass(frozen=True, slots=True)
-class DeliveryRow:
-    """A message's delivery record: the columns after its key."""
+class DeliveryRecord(TypedDict):
+    """A message's delivery record as the log says it (what `put_delivery` takes)."""
 
     message_id: str
     write_policy: str
@@ -76,9 +78,14 @@ class DeliveryRow:
     shards: int
     body_bytes: int
     pos: int
+
+
+class DeliveryRow(DeliveryRecord):
+    """A message's delivery record as stored: the columns after its key."""
+
     # runtime facts, not derived from the log (DELIVERY_RUNTIME)
-    online_pushes: int | None = None
-    materialized_at: float | None = None
+    online_pushes: int | None
+    materialized_at: float | None
 
 
 HEAD_KEY = ("tenant", "conversation_id")
@@ -90,25 +97,12 @@ DELIVERY_KEY = ("tenant", "conversation_id", "conversation_seq")
 # What a rebuild cannot recompute (when and to how many online devices the message was first
 # pushed): ignored by verify, carried over by a rebuild's switch.
 DELIVERY_RUNTIME = ("materialized_at", "online_pushes")
-DELIVERY_RECORD = tuple(c for c in columns(DeliveryRow) if c not in DELIVERY_RUNTIME)  # what put_delivery gets
+DELIVERY_RECORD = columns(DeliveryRecord)  # what put_delivery gets
 DELIVERY_COLUMNS = columns(DeliveryRow)
 STATE_COLUMNS = columns(UserConversationState)  # UserConversationState.row() order
 
 
 # -- writing: a row's cells in column order ------------------------------------------------
-
-
-_COLUMNS: dict[type, tuple[str, ...]] = {}
-
-
-def row_dict(row: Any, cols: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """A row as the dict the ViewWriter takes (its columns in field order, or `cols`): the
-    projections build MessageRow / DeliveryRow, so a column is named once, here."""
-    if cols is None:
-        cols = _COLUMNS.get(type(row))
-        if cols is None:
-            cols = _COLUMNS[type(row)] = columns(type(row))
-    return {c: getattr(row, c) for c in cols}
 
 
 def head_cells(head: Mapping[str, Any]) -> tuple[Any, ...]:

@@ -62,6 +62,7 @@ IN_FLIGHT = 200  # requests in the air at once
 PUSH_COUNTS_KEPT = 10_000  # messages whose push count a replica remembers (a message is pushed at once)
 HEADS_PER_READ = 100  # conversation heads read by one request of the login's batched read
 
+
 class CassandraViews:
     """A ViewStore on Cassandra (plus the mailbox store it is given)."""
 

@@ -16,7 +16,15 @@ from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from adapters.cassandra.stamps import stamp
 from projections.ports import MessageRefs
-from projections.rows import HEAD_COLUMNS, STATE_COLUMNS, delivery_cells, head_cells, message_cells
+from projections.rows import (
+    HEAD_COLUMNS,
+    STATE_COLUMNS,
+    DeliveryRecord,
+    MessageRow,
+    delivery_cells,
+    head_cells,
+    message_cells,
+)
 from projections.state import UserConversationState
 
 BATCH_ROWS = 100  # rows per UNLOGGED batch
@@ -182,11 +190,15 @@ class CassandraWriter:
             self.heads[(tenant, conversation_id)] = (head_cells(head), ROW_BYTES + len(text.encode()))
             self._from(tenant, conversation_id)
 
-    def put_message(self, tenant: str, conversation_id: str, message: dict[str, Any]) -> None:
+    def put_message(self, tenant: str, conversation_id: str, message: MessageRow) -> None:
         if "heads" in self.targets:
             broadcast = bool(message["mention_all"] or message["announcement"])
             size = ROW_BYTES + len(message["text"].encode())
-            self.messages[(tenant, conversation_id, message["conversation_seq"])] = (message_cells(message), broadcast, size)
+            self.messages[(tenant, conversation_id, message["conversation_seq"])] = (
+                message_cells(message),
+                broadcast,
+                size,
+            )
             self._from(tenant, conversation_id)
 
     def put_mailbox(self, tenant: str, refs: MessageRefs) -> None:
@@ -246,7 +258,7 @@ class CassandraWriter:
             queued, drops = self.activity.get(key, (None, frozenset()))
             self.activity[key] = (None, drops | {bucket} | ({queued} if queued is not None else set()))
 
-    def put_delivery(self, tenant: str, conversation_id: str, seq: int, record: dict[str, Any]) -> None:
+    def put_delivery(self, tenant: str, conversation_id: str, seq: int, record: DeliveryRecord) -> None:
         if "heads" in self.targets:
             self.deliveries[(tenant, conversation_id, seq)] = dict(record)
             self._from(tenant, conversation_id)

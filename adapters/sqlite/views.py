@@ -31,6 +31,8 @@ from projections.rows import (
     HEAD_COLUMNS,
     MESSAGE_COLUMNS,
     STATE_COLUMNS,
+    DeliveryRecord,
+    MessageRow,
     delivery_cells,
     delivery_dict,
     head_cells,
@@ -194,7 +196,7 @@ class SqliteWriter:
             (tenant, conversation_id, *head_cells(head)),
         )
 
-    def put_message(self, tenant: str, conversation_id: str, m: dict[str, Any]) -> None:
+    def put_message(self, tenant: str, conversation_id: str, m: MessageRow) -> None:
         if "heads" not in self.targets:
             return
         self.con.execute(
@@ -245,7 +247,7 @@ class SqliteWriter:
     def delete_activity(self, tenant: str, conversation_id: str, user_id: str, bucket: int) -> None:
         """No login index here (put_activity)."""
 
-    def put_delivery(self, tenant: str, conversation_id: str, seq: int, r: dict[str, Any]) -> None:
+    def put_delivery(self, tenant: str, conversation_id: str, seq: int, r: DeliveryRecord) -> None:
         if "heads" not in self.targets:
             return
         self.con.execute(  # the runtime facts start NULL (REPLACE deletes the row it replaces)
@@ -301,7 +303,9 @@ class SqliteViews:
     # -- writing -------------------------------------------------------------
 
     @contextmanager
-    def unit_of_work(self, targets: frozenset[str] = ALL_TARGETS, *, now: float | None = None) -> Iterator[SqliteWriter]:
+    def unit_of_work(
+        self, targets: frozenset[str] = ALL_TARGETS, *, now: float | None = None
+    ) -> Iterator[SqliteWriter]:
         """Everything written in the block commits with the tracking positions.
         The mailbox shards are made durable first (idempotent), then the views."""
         with self._write_lock:
