@@ -8,6 +8,10 @@ sends/s on this machine: docs/PERFORMANCE.md section 6).
     .venv/bin/python bench/distributed_small_groups.py --groups 50 --messages 300   # smoke
     .venv/bin/python bench/distributed_small_groups.py --group 32    # 32 sends a PostgreSQL transaction
 
+--rate R: the replicas together send R messages/s (paced; default: as fast as they can), and the
+lag of the views behind the log is sampled every 0.5 s while they send: at a rate the
+projection sustains, the lag of the second half of the run is no higher than the first's.
+
 --group N: each replica sends N at a time through `FanoutApplication.grouped`, one event-store
 transaction for the N (ADR-0030), as the HTTP command lane does with the sends queued behind
 one; 1 (the default) is one transaction per send.
@@ -33,12 +37,14 @@ Prints numbers; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing as mp
 import os
 import queue
 import signal
 import statistics
 import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -85,7 +91,10 @@ def replica(j: int, env: dict[str, str], args: dict[str, int], go: Any, out: Any
             last = 0
             t0 = time.time()
             size = args["group"]
+            pace = args["rate"] / args["replicas"] if args["rate"] else 0.0  # messages/s of this replica
             for first in range(0, share, size):
+                if pace:
+                    time.sleep(max(0.0, t0 + first / pace - time.time()))
                 calls = []
                 for i in range(first, min(first + size, share)):
                     g = mine[i % len(mine)]
@@ -119,6 +128,14 @@ def replica(j: int, env: dict[str, str], args: dict[str, int], go: Any, out: Any
         raise
 
 
+def sample_lag(rt: Any, lags: list[tuple[float, int]], sending: threading.Event) -> None:
+    """Every 0.5 s while `sending`: how many log positions the views are behind the log."""
+    while sending.is_set():
+        with contextlib.suppress(Exception):  # a sample missed; the bench goes on
+            lags.append((time.time(), max(0, rt.log_position() - rt.position())))
+        time.sleep(0.5)
+
+
 def collect(out: Any, children: list[Any], kind: str, timeout: float) -> list[Any]:
     """One message per child; raises if a child failed, or ended without one."""
     got: dict[int, Any] = {}
@@ -146,6 +163,7 @@ def main() -> int:
     ap.add_argument("--tenants", type=int, default=1, help="tenants the groups are spread over")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--group", type=int, default=1, help="sends per event-store transaction (ADR-0030)")
+    ap.add_argument("--rate", type=float, default=0.0, help="messages/s the replicas send together (0: unpaced)")
     ap.add_argument("--pause-workers", action="store_true", help="SIGSTOP the workers while the replicas send "
                     "(the command side alone on the cores), SIGCONT after; the projection is timed from then")  # fmt: skip
     ap.add_argument("--partitions", type=int, default=4)
@@ -179,7 +197,9 @@ def main() -> int:
 
         ctx = mp.get_context("spawn")
         go, out = ctx.Event(), ctx.Queue()
-        shared = {k: getattr(args, k) for k in ("groups", "members", "messages", "replicas", "tenants", "group")}
+        shared = {
+            k: getattr(args, k) for k in ("groups", "members", "messages", "replicas", "tenants", "group", "rate")
+        }
         for j in range(args.replicas):
             p = ctx.Process(target=replica, args=(j, env, shared, go, out), name=f"replica-{j + 1}")
             p.start()
@@ -191,8 +211,15 @@ def main() -> int:
             for w in workers:
                 os.kill(w.pid, signal.SIGSTOP)
         cpu0, c0 = watch.cpu(), time.time()
+        lags: list[tuple[float, int]] = []  # (time, log position - views' position) while the replicas send
+        sending = threading.Event()
+        sampler = threading.Thread(target=sample_lag, args=(rt, lags, sending), daemon=True)
+        sending.set()
+        sampler.start()
         go.set()
         done = collect(out, children, "done", 3600)
+        sending.clear()
+        sampler.join(5)
         for p in children:
             p.join(60)
         start = min(d[2] for d in done)
@@ -229,6 +256,14 @@ def main() -> int:
                   f"{n / (projected - start):,.0f} messages/s = {n * args.members / (projected - start):,.0f} "
                   "entries/s from the first send to the views holding the last", flush=True)  # fmt: skip
             print("  " + watch.cpu_report(cpu0, cpu1, projected - c0), flush=True)
+        if lags:
+            half = len(lags) // 2
+            first_half = [lag for _, lag in lags[:half]] or [0]
+            second_half = [lag for _, lag in lags[half:]]
+            print(f"  lag of the views while sending ({len(lags)} samples, events behind the log): median "
+                  f"{statistics.median(first_half):,.0f} in the first half, {statistics.median(second_half):,.0f} in "
+                  f"the second; max {max(lag for _, lag in lags):,}"
+                  + (f" (paced at {args.rate:,.0f} messages/s)" if args.rate else ""), flush=True)  # fmt: skip
         print(watch.report(), flush=True)
         for d in sorted(done, key=lambda d: d[1]):
             print(f"  replica-{d[1] + 1} (process)   VmHWM {d[8] / 1024:,.0f} MiB (its own, at its end)")
