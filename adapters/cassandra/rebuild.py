@@ -24,7 +24,7 @@ and how to open views in another keyspace. A name built aside is the keyspace
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,14 +113,6 @@ class CassandraAsideBuilds:
     def close(self) -> None:
         """Nothing to release: the live views (and their session) are the caller's."""
 
-    def rows(self, tables: Iterable[str], keyspace: str | None = None) -> dict[str, int]:
-        """table -> rows (a scan each)."""
-        ks = keyspace or self.keyspace
-        return {
-            t: int(self.session.execute(f"SELECT count(*) AS n FROM {ks}.{t}", timeout=TIMEOUT).one()["n"])
-            for t in tables
-        }
-
     # -- compare ---------------------------------------------------------------------------
 
     def diff(self, name: str, limit: int, progress: AsideProgress | None = None) -> StoreDiff:
@@ -177,14 +169,14 @@ class CassandraAsideBuilds:
             table = self._table(table_name)
             insert = self._insert(table)
             delete = self._delete(table)
-            m = Swapped(rows=0, upserted=0, deleted=0)
+            rows = upserted = 0
             upserts: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
             deletes: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
             for live, new in self._merge(table, rebuilt, progress):
                 if new is None:
                     deletes.append((delete, (ts, *(live[k] for k in table.keys))))  # type: ignore[index]
                     continue
-                m.rows += 1
+                rows += 1
                 if live is not None and _same(table, live, new):
                     continue
                 row = dict(new)
@@ -193,13 +185,11 @@ class CassandraAsideBuilds:
                 upserts.append((insert, (*(_bound(row[c]) for c in table.columns), ts)))
                 if len(upserts) >= FETCH:
                     run(self.session, upserts, IN_FLIGHT)
-                    m.upserted = (m.upserted or 0) + len(upserts)
+                    upserted += len(upserts)
                     upserts = []
             run(self.session, upserts, IN_FLIGHT)
-            m.upserted = (m.upserted or 0) + len(upserts)
             run(self.session, deletes, IN_FLIGHT)
-            m.deleted = len(deletes)
-            out[table_name] = m
+            out[table_name] = Swapped(rows=rows, upserted=upserted + len(upserts), deleted=len(deletes))
         return out
 
     # -- the streaming merge -------------------------------------------------------------
