@@ -3,12 +3,16 @@ each `commitlog_sync` mode, then the same writes timed in each.
 
     .venv/bin/python bench/cassandra_commitlog.py                       # periodic, batch, group
     .venv/bin/python bench/cassandra_commitlog.py --modes periodic,batch --units 100
+    .venv/bin/python bench/cassandra_commitlog.py --modes batch --concurrent-writes 16,64,128 --rows 60000
 
 * sequential: one INSERT at a time (a request waits for its acknowledgement): p50 / p99;
 * units: what a worker's unit of work does, 7 rounds one after the other (mailbox, messages,
   delivery, states, admin, heads, tracking), each round 20 INSERTs in flight at once: units/s
   and ms per unit;
-* fan-out: 20,000 mailbox rows as UNLOGGED batches of 100, 200 in flight: rows/s.
+* fan-out: --rows mailbox rows (20,000) as UNLOGGED batches of 100, 200 in flight: rows/s.
+
+--concurrent-writes N[,N...]: Cassandra's `concurrent_writes` (its mutation threads; with the
+`batch` commit log each one waits for the fsync of its write, ADR-0033), one restart each.
 
 Restarts the engines' Cassandra (infra/engines/cassandra-{down,up}.sh) for each mode and
 leaves it in the project's default (batch) at the end, so run it on a quiet machine, not beside
@@ -34,8 +38,10 @@ ENGINES_DIR = Path(os.environ.get("FANOUT_ENGINES_DIR", "/tmp/fanout-engines"))
 PORT = int(os.environ.get("FANOUT_ENGINES_CASSANDRA_PORT", "19042"))
 
 
-def restart(mode: str) -> float:
+def restart(mode: str, concurrent_writes: int | None = None) -> float:
     env = {**os.environ, "FANOUT_ENGINES_CASSANDRA_COMMITLOG": mode}
+    if concurrent_writes is not None:
+        env["FANOUT_ENGINES_CASSANDRA_CONCURRENT_WRITES"] = str(concurrent_writes)
     subprocess.run(["bash", str(SCRIPTS / "cassandra-down.sh")], check=True, stdout=subprocess.DEVNULL, env=env)
     t0 = time.monotonic()
     subprocess.run(["bash", str(SCRIPTS / "cassandra-up.sh")], check=True, stdout=subprocess.DEVNULL, env=env)
@@ -48,7 +54,7 @@ def cpu_seconds() -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def measure(mode: str, units: int) -> dict[str, float]:
+def measure(units: int, rows: int = 20_000) -> dict[str, float]:
     cluster = Cluster(["127.0.0.1"], port=PORT, protocol_version=5)
     session = cluster.connect()
     ks = f"bench_commitlog_{uuid.uuid4().hex[:8]}"
@@ -76,14 +82,14 @@ def measure(mode: str, units: int) -> dict[str, float]:
         out["units/s"] = units / took
         out["ms per unit"] = took / units * 1000
         batches = []
-        for b in range(200):
+        for b in range(rows // 100):
             batch = BatchStatement(batch_type=BatchType.UNLOGGED)
             for j in range(100):
                 batch.add(insert, (f"m{b * 100 + j}", 1, "z" * 40))
             batches.append((batch, None))
         t0 = time.perf_counter()
         execute_concurrent(session, batches, concurrency=200)
-        out["fan-out rows/s"] = 20_000 / (time.perf_counter() - t0)
+        out["fan-out rows/s"] = rows // 100 * 100 / (time.perf_counter() - t0)
         out["cassandra cpu s"] = cpu_seconds() - cpu0
     finally:
         session.execute(f"DROP KEYSPACE {ks}", timeout=120)
@@ -95,16 +101,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--modes", default="periodic,group,batch", help="commitlog_sync modes, in order")
     ap.add_argument("--units", type=int, default=100, help="units of work of 7 rounds to time")
+    ap.add_argument("--rows", type=int, default=20_000, help="mailbox rows of the fan-out part")
+    ap.add_argument(
+        "--concurrent-writes",
+        default="",
+        help="Cassandra concurrent_writes values to restart with, e.g. 16,64 (default: the engines' own)",
+    )
     args = ap.parse_args()
+    writes = [int(w) for w in args.concurrent_writes.split(",") if w] or [None]
     results: dict[str, dict[str, float]] = {}
     try:
         for mode in args.modes.split(","):
-            up = restart(mode)
-            print(f"{mode}: Cassandra up in {up:.1f} s", flush=True)
-            results[mode] = measure(mode, args.units)
-            print("  " + ", ".join(f"{k} {v:,.1f}" for k, v in results[mode].items()), flush=True)
+            for w in writes:
+                label = mode if w is None else f"{mode}, concurrent_writes {w}"
+                up = restart(mode, w)
+                print(f"{label}: Cassandra up in {up:.1f} s", flush=True)
+                results[label] = measure(args.units, args.rows)
+                print("  " + ", ".join(f"{k} {v:,.1f}" for k, v in results[label].items()), flush=True)
     finally:
-        if args.modes.split(",")[-1] != "batch":
+        if args.modes.split(",")[-1] != "batch" or writes[-1] is not None:
             restart("batch")
     keys = list(next(iter(results.values())))
     print("\n| mode | " + " | ".join(keys) + " |")

@@ -16,9 +16,12 @@
 #   FANOUT_ENGINES_CASSANDRA_STORAGE_PORT  internode port (loopback), default 17000
 #   FANOUT_ENGINES_CASSANDRA_HEAP          -Xms/-Xmx, default 2g (512m ran out of heap under the 100k-member crash tests)
 #   FANOUT_ENGINES_CASSANDRA_KEYSPACE      keyspace named in the printed URL, default fanout
+#   FANOUT_ENGINES_CASSANDRA_CONCURRENT_WRITES  mutation threads, default 128 (with the batch commit log
+#                                          each waits for its fsync: see ADR-0033)
 #   FANOUT_ENGINES_CASSANDRA_MLOCK=1       let Cassandra mlockall (as root that pins the whole heap)
 #   FANOUT_ENGINES_CASSANDRA_COMMITLOG     batch (default: a write is acknowledged once fsynced),
-#                                          group (fsync every 15 ms window: slower here, see ADR-0021) or
+#                                          group (fsync every FANOUT_ENGINES_CASSANDRA_GROUP_WINDOW, default 15ms:
+#                                          no better here, see ADR-0021 and ADR-0033) or
 #                                          periodic (fsync every 10 s: a crash of the machine can lose the
 #                                          last seconds of acknowledged writes)
 # Needs a Java 11 or 17 (Cassandra 5.0 does not run on 21+; JAVA_HOME honoured when it fits) and,
@@ -33,11 +36,13 @@ PORT="${FANOUT_ENGINES_CASSANDRA_PORT:-19042}"
 SPORT="${FANOUT_ENGINES_CASSANDRA_STORAGE_PORT:-17000}"
 HEAP="${FANOUT_ENGINES_CASSANDRA_HEAP:-2g}"
 case "${FANOUT_ENGINES_CASSANDRA_COMMITLOG:-batch}" in
-  group) COMMITLOG="commitlog_sync: group\ncommitlog_sync_group_window: 15ms" ;;
+  group) COMMITLOG="commitlog_sync: group\ncommitlog_sync_group_window: ${FANOUT_ENGINES_CASSANDRA_GROUP_WINDOW:-15ms}" ;;
   batch) COMMITLOG="commitlog_sync: batch" ;;
   periodic) COMMITLOG="commitlog_sync: periodic\ncommitlog_sync_period: 10000ms" ;;
   *) echo "cassandra-up: FANOUT_ENGINES_CASSANDRA_COMMITLOG must be group, batch or periodic" >&2; exit 2 ;;
 esac
+CONCURRENT_WRITES="${FANOUT_ENGINES_CASSANDRA_CONCURRENT_WRITES:-128}"
+[[ "$CONCURRENT_WRITES" =~ ^[1-9][0-9]*$ ]] || { echo "cassandra-up: FANOUT_ENGINES_CASSANDRA_CONCURRENT_WRITES must be a positive integer" >&2; exit 2; }
 KEYSPACE="${FANOUT_ENGINES_CASSANDRA_KEYSPACE:-fanout}"
 LIB="$ENGINES_CACHE/cassandra-$VERSION"
 BASE="$ENGINES_DIR/cassandra"
@@ -86,6 +91,7 @@ mkdir -p "$CONF/triggers" "$DATA" "$LOGS"
 [[ -f "$LOGS/system.log" ]] && mv -f "$LOGS/system.log" "$LOGS/system.log.prev"
 sed -e "s#@DATA@#$DATA#g" -e "s#@HOST@#127.0.0.1#g" -e "s#@CQL_PORT@#$PORT#g" \
     -e "s#@STORAGE_PORT@#$SPORT#g" -e "s#@CLUSTER@#fanout-local#g" -e "s#@COMMITLOG@#$COMMITLOG#g" \
+    -e "s#@CONCURRENT_WRITES@#$CONCURRENT_WRITES#g" \
     "$ENGINES_HERE/cassandra.yaml.tmpl" > "$CONF/cassandra.yaml"
 cp "$ENGINES_HERE/cassandra-logback.xml" "$CONF/logback.xml"
 mapfile -t JOPTS < <(grep -E '^-' "$ENGINES_HERE/cassandra-jvm.options")
