@@ -14,11 +14,12 @@ when a partition is revoked. A host loops over
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from domain.params import Parameters
+from domain.review import topics_of
 from projections.admin import AdminProjection
 from projections.capacity import CapacityProjection, ReviewTrigger
 from projections.delivery import Delivered, DeliveryProjection
@@ -57,12 +58,13 @@ class Projection(Protocol):
         """Drop working sets (all, or these conversations'): a revoked partition."""
 
 
-PROJECTIONS: tuple[str, ...] = (DeliveryProjection.name, CapacityProjection.name, AdminProjection.name)
+PROJECTION_TYPES = (DeliveryProjection, CapacityProjection, AdminProjection)  # build_projections' order
+PROJECTIONS: tuple[str, ...] = tuple(p.name for p in PROJECTION_TYPES)
 
 
 def build_projections(
     store: ViewStore, params: Parameters, *, partition: int = 0, triggers: bool = True
-) -> tuple[Projection, ...]:
+) -> tuple[Projection, ...]:  # one of each of PROJECTION_TYPES
     """The projections every host runs, in this order, with their working sets empty
     (they load what they need from the committed views). A host of several log partitions
     builds one set per partition (the capacity window is saved per partition) with
@@ -74,5 +76,14 @@ def build_projections(
     )
 
 
-def topics(projections: tuple[Projection, ...]) -> tuple[type, ...]:
+def topics(projections: Iterable[Any]) -> tuple[type, ...]:
+    """The event classes some of these projections (or projection classes) fold."""
     return tuple(dict.fromkeys(t for p in projections for t in p.topics))
+
+
+def folded_topics(projections: Iterable[Any] | None = None) -> frozenset[str]:
+    """The stored topics (old names included) of the events these projections fold; by
+    default every host's (`build_projections`). A host skips any other event; the relay does
+    not publish one (ADR-0034)."""
+    ps = projections if projections is not None else PROJECTION_TYPES
+    return frozenset(topics_of(*topics(ps)))

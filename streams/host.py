@@ -43,7 +43,7 @@ from projections import failpoints
 from projections.capacity import ReviewTrigger
 from projections.capacity_monitor import CapacityMonitor
 from projections.delivery import DeliveryProjection
-from projections.hosting import Effect, Projection, ViewsTracked, build_projections, topics
+from projections.hosting import Effect, Projection, ViewsTracked, build_projections, folded_topics, topics
 from projections.ports import ALL_TARGETS, LogPosition, ViewStore
 from streams.records import EventRecord, Watermark
 
@@ -162,7 +162,7 @@ class ProjectionHost:
             )
             self._routes[partition] = {t: tuple(p for p in ps if t in p.topics) for t in topics(ps)}
             if self._topics is None:
-                self._topics = frozenset(topics_of(*topics(ps)))
+                self._topics = folded_topics(ps)
         return ps
 
     def tracked(self, partition: int) -> dict[str, int]:

@@ -1,6 +1,9 @@
 """The relay: follows the PostgreSQL event store's notification log and publishes every
 event to one Kafka topic, exactly once as a read_committed consumer sees it, even when
-killed with SIGKILL at any point (docs/adr/0013-relay-and-watermarks.md).
+killed with SIGKILL at any point (docs/adr/0013-relay-and-watermarks.md). Given
+`relayed_topics` (the root gives the topics some projection folds), it publishes only the
+events of those topics: the others (a tenant quota's `Charged`, one per send) are no one's
+on the topic, and their positions are covered by the watermarks all the same (ADR-0034).
 
 How:
 
@@ -146,6 +149,7 @@ class RelayStats:
     transactions: int = 0
     aborted: int = 0  # transactions aborted and retried
     started_at: float = 0.0
+    left_out: int = 0  # events of topics not relayed (`relayed_topics`), positions covered by the watermarks
     # The longest a batch's first notification was held in the relay (taken from the
     # subscription -> its transaction began): at most about `commit_interval`.
     longest_hold: float = 0.0
@@ -171,7 +175,9 @@ class Relay:
         log_interval: float = 5.0,
         transaction_timeout: float = 60.0,
         kafka_logger: logging.Logger | None = None,
+        relayed_topics: frozenset[str] | None = None,
     ) -> None:
+        """`relayed_topics`: publish only the events of these stored topics (None: every event)."""
         if not isinstance(app.recorder, PostgresApplicationRecorder):
             raise TypeError(
                 f"the relay follows a PostgreSQL event store; this application has {type(app.recorder).__name__}"
@@ -196,6 +202,7 @@ class Relay:
         self.transaction_timeout = transaction_timeout
         self.kafka_logger = kafka_logger or rdkafka_log
         self.keys = RoutingKeys(app)
+        self.relayed_topics = relayed_topics
         self.stats = RelayStats()
         self._producer: Producer | None = None
         self._subscription: _Subscription | None = None
@@ -246,9 +253,7 @@ class Relay:
         try:
             producer.init_transactions(self.transaction_timeout)
         except KafkaException as exc:
-            raise RelayError(
-                f"init_transactions({self.transactional_id!r}) failed at {self.brokers}: {exc}"
-            ) from None
+            raise RelayError(f"init_transactions({self.transactional_id!r}) failed at {self.brokers}: {exc}") from None
         self._producer = producer
         try:
             self.stats.position = relayed_position(self.brokers, self.topic)
@@ -388,12 +393,15 @@ class Relay:
     # -- one transaction -------------------------------------------------------------------
 
     def _relay(self, notes: Sequence[Notification]) -> None:
-        """One transaction: the events, then Watermark(last) on every partition, commit.
-        An abortable failure aborts and retries the same notifications; a fenced producer
-        raises RelayFenced; other fatal errors raise RelayError."""
+        """One transaction: the events (of `relayed_topics`), then Watermark(last) on every
+        partition, commit; `last` is the last notification taken, relayed or not, so the
+        watermarks cover the positions left out. An abortable failure aborts and retries the
+        same notifications; a fenced producer raises RelayFenced; other fatal errors raise
+        RelayError."""
         p = self._producer
         assert p is not None
-        records = [(self.keys.key(n), n) for n in notes]
+        relayed = self.relayed_topics
+        records = [(self.keys.key(n), n) for n in notes if relayed is None or n.topic in relayed]
         last = notes[-1].id
         watermark: Headers = [*Watermark(last).headers()]
         attempt = 0
@@ -423,6 +431,7 @@ class Relay:
         p.poll(0)
         self.stats.position = last
         self.stats.events += len(records)
+        self.stats.left_out += len(notes) - len(records)
         self.stats.transactions += 1
         if self.on_committed is not None:
             self.on_committed(last)
@@ -473,10 +482,11 @@ class Relay:
     def _log_progress(self) -> None:
         elapsed = max(1e-9, time.time() - self.stats.started_at)
         log.info(
-            "relay: %d events in %d transactions (%.0f/s), position %d, lag %d",
+            "relay: %d events in %d transactions (%.0f/s), %d left out (no projection folds them), position %d, lag %d",
             self.stats.events,
             self.stats.transactions,
             self.stats.events / elapsed,
+            self.stats.left_out,
             self.stats.position,
             self.lag(),
         )

@@ -68,6 +68,7 @@ class RelayProcess:
 def bootstrap_relay(env: Mapping[str, str], options: RelayOptions, *, kafka_logger: logging.Logger) -> RelayProcess:
     """The relay of FANOUT_EVENT_STORE into FANOUT_LOG (the event store's tables created if
     absent); `kafka_logger` takes librdkafka's own lines."""
+    from projections.hosting import folded_topics
     from streams.relay import Relay
 
     if options.batch < 1:
@@ -100,6 +101,7 @@ def bootstrap_relay(env: Mapping[str, str], options: RelayOptions, *, kafka_logg
             commit_interval=options.commit_interval,
             log_interval=options.log_interval,
             kafka_logger=kafka_logger,
+            relayed_topics=folded_topics(),  # what the workers' projections fold (ADR-0034)
         )
     except BaseException:
         app.close()
