@@ -35,15 +35,17 @@ from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.query import PreparedStatement
 
-from adapters.cassandra.connect import Connection, open_session, run
+from adapters.cassandra.connect import TUPLE_ROWS, Connection, open_session, run
 from adapters.cassandra.mailbox import INSERT_ENTRY, CassandraMailbox, Row, grouped
 from adapters.cassandra.schema import TABLES
 from adapters.cassandra.stamps import stamp
 from adapters.cassandra.writer import (
     MEMBER_BATCH_ROWS,
+    SESSION_STATE_COLUMNS,
     CassandraWriter,
     conversation_batches,
     json_body,
+    session_state,
     state_row,
 )
 from projections.ports import ALL_TARGETS, LogPosition, MailboxEntry, MailboxStore, MessageRefs
@@ -56,11 +58,14 @@ from projections.rows import (
     head_dict,
     message_dict,
 )
-from projections.state import SessionHead, SessionItem, SessionState, UserConversationState, sessions_by_two_reads
+from projections.state import SessionHead, SessionItem, SessionState, UserConversationState
 
 IN_FLIGHT = 200  # requests in the air at once
 PUSH_COUNTS_KEPT = 10_000  # messages whose push count a replica remembers (a message is pushed at once)
 HEADS_PER_READ = 100  # conversation heads read by one request of the login's batched read
+SESSION_STATES_PAGE = (
+    10_000  # rows of the user's states partition per page of the login's read (one page for most users)
+)
 
 
 class CassandraViews:
@@ -195,7 +200,14 @@ class CassandraViews:
             "broadcasts": p(f"SELECT conversation_seq FROM {ks}.broadcasts WHERE tenant=? AND conversation_id=?"),
             "state": p(f"SELECT * FROM {ks}.user_states WHERE tenant=? AND user_id=? AND conversation_id=?"),
             "user_states": p(f"SELECT * FROM {ks}.user_states WHERE tenant=? AND user_id=?"),
-            "states_in": p(f"SELECT * FROM {ks}.user_states WHERE tenant=? AND user_id=? AND conversation_id IN ?"),
+            "session_states": p(
+                f"SELECT conversation_id, {', '.join(SESSION_STATE_COLUMNS)} FROM {ks}.user_states "
+                "WHERE tenant=? AND user_id=?"
+            ),
+            "session_states_in": p(
+                f"SELECT conversation_id, {', '.join(SESSION_STATE_COLUMNS)} FROM {ks}.user_states "
+                "WHERE tenant=? AND user_id=? AND conversation_id IN ?"
+            ),
             "login_index": p(f"SELECT bucket, conversation_id FROM {ks}.login_index WHERE tenant=? AND user_id=?"),
             "message": p(f"SELECT * FROM {ks}.messages WHERE tenant=? AND conversation_id=? AND conversation_seq=?"),
             "messages": p(
@@ -398,19 +410,31 @@ class CassandraViews:
         (bench/cassandra_sessions.py)."""
         ids = list(dict.fromkeys(conversation_ids))
         chunks = [(tenant, ids[i : i + HEADS_PER_READ]) for i in range(0, len(ids), HEADS_PER_READ)]
-        results = execute_concurrent_with_args(self.session, self._r["session_heads"], chunks, concurrency=IN_FLIGHT)
+        results = execute_concurrent_with_args(
+            self.session, self._r["session_heads"], chunks, concurrency=IN_FLIGHT, execution_profile=TUPLE_ROWS
+        )
         rows: list[SessionHead] = []
         for ok, result in results:
             if not ok:
                 raise result
-            for row in result:
-                rows.append(SessionHead(*(row[f] for f in SessionHead._fields)))
+            rows.extend(map(SessionHead._make, result))
         rows.sort(key=lambda h: (-(h.last_activity_at or 0.0), h.conversation_id))
         for i in range(0, len(rows), batch):
             yield rows[i : i + batch]
 
     def sessions(self, tenant: str, user_id: str, batch: int) -> Iterator[list[SessionItem]]:
-        return sessions_by_two_reads(self, tenant, user_id, batch)
+        """The two reads (projections/state.py sessions_by_two_reads), each row read as a
+        tuple of only what a session item shows: the user's states partition, then the heads."""
+        states = self.session_states(tenant, user_id)
+        for heads in self.heads(tenant, list(states), batch):
+            yield [(h, states[h.conversation_id]) for h in heads]
+
+    def session_states(self, tenant: str, user_id: str) -> dict[str, SessionState]:
+        """conversation id -> what the session list needs of the user's state in it (one
+        partition, SESSION_STATES_PAGE rows a page)."""
+        statement = self._r["session_states"].bind((tenant, user_id))
+        statement.fetch_size = SESSION_STATES_PAGE
+        return {r[0]: session_state(r[1:]) for r in self.session.execute(statement, execution_profile=TUPLE_ROWS)}
 
     def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[SessionItem], bool] | None:
         """The first list from the login index (ADR-0028): (the sessions of every
@@ -435,15 +459,19 @@ class CassandraViews:
             return None
         ids = list(candidates)
         states_f = [
-            self.session.execute_async(self._r["states_in"], (tenant, user_id, ids[i : i + HEADS_PER_READ]))
+            self.session.execute_async(
+                self._r["session_states_in"],
+                (tenant, user_id, ids[i : i + HEADS_PER_READ]),
+                execution_profile=TUPLE_ROWS,
+            )
             for i in range(0, len(ids), HEADS_PER_READ)
         ]
         heads = [h for part in self.heads(tenant, ids, len(ids)) for h in part]  # while the states come
-        states: dict[str, UserConversationState] = {}
+        states: dict[str, SessionState] = {}
         for f in states_f:
             for r in f.result():
-                states[r["conversation_id"]] = UserConversationState.from_row(state_row(r))
-        found = [(h, SessionState.of(states[h.conversation_id])) for h in heads if h.conversation_id in states]
+                states[r[0]] = session_state(r[1:])
+        found = [(h, states[h.conversation_id]) for h in heads if h.conversation_id in states]
         if not complete and len(found) < batch:
             return None
         return found, complete

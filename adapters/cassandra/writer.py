@@ -25,7 +25,7 @@ from projections.rows import (
     head_cells,
     message_cells,
 )
-from projections.state import UserConversationState
+from projections.state import SessionState, UserConversationState
 
 BATCH_ROWS = 100  # rows per UNLOGGED batch
 MEMBER_BATCH_ROWS = 250  # rows per batch of round A (member-keyed rows: one partition each)
@@ -60,6 +60,35 @@ def state_row(r: Any) -> dict[str, Any]:
         if row[c] == NO_SEQ:
             row[c] = None
     return row
+
+
+# What the login reads of a state row (projections/state.py SessionState), in this order after
+# the conversation id: the columns `session_state` turns into a SessionState.
+SESSION_STATE_COLUMNS = (
+    "read_conversation_seq",
+    "delivered_conversation_seq",
+    "skipping",
+    "gap_end",
+    "rebuilt_seq",
+    "mention_seqs",
+    "broadcast_base",
+)
+
+
+def session_state(r: Sequence[Any]) -> SessionState:
+    """The SessionState of a stored row of SESSION_STATE_COLUMNS (a tuple), without the
+    whole UserConversationState: a login reads thousands of these. The same values as
+    `SessionState.of(UserConversationState.from_row(state_row(row)))`."""
+    read, delivered, skipping, gap_end, rebuilt, mentions, base = r
+    return SessionState(
+        read,
+        None if delivered == NO_SEQ else delivered,
+        bool(skipping),
+        None if gap_end == NO_SEQ else gap_end,
+        rebuilt,
+        mentions.count(",") + 1 if mentions else 0,
+        base,
+    )
 
 
 SizedRow = tuple[PreparedStatement, tuple[Any, ...], int]  # a statement, its values, its estimated bytes
