@@ -189,7 +189,9 @@ def main() -> int:
         print(f"  Queries on a replica      first frame ({FIRST_SESSION_BATCH})         {ms(q_first)}")
         print(f"                            a first frame of {SESSION_BATCH}      {ms(q_full_first)}")
         print(f"                            whole list                {ms(q_whole)}")
-        print(f"    of which: user_states partition ({len(states):,} rows)  {ms(states_t)}  (the login's columns, as tuples)")
+        print(
+            f"    of which: user_states partition ({len(states):,} rows)  {ms(states_t)}  (the login's columns, as tuples)"
+        )
         print(f"              {len(states):,} head partitions, concurrently  {ms(heads_t)}")
         print(f"    one head partition read alone, {len(one)} times one after another: {ms(one)}")
         quick = rt.views.first_sessions(TENANT, USER, FIRST_SESSION_BATCH)
