@@ -13,7 +13,7 @@ import copy
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -96,6 +96,7 @@ class MemoryWriter:
         self.log_positions: dict[int, LogPosition] = {}
         self.partition = 0
         self.checkpoint: Callable[[str], None] | None = None  # one commit step: never called
+        self.head_keys: set[tuple[str, str]] = set()  # the heads put (heads_written)
 
     def track(self, projection: str, position: int, partition: int = 0) -> None:
         self.positions[(projection, partition)] = position
@@ -111,7 +112,11 @@ class MemoryWriter:
         stored = _json(body)
         self.ops.append(lambda v: v.capacity.__setitem__(name, stored))
 
+    def heads_written(self) -> Iterable[tuple[str, str]]:
+        return self.head_keys
+
     def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any]) -> None:
+        self.head_keys.add((tenant, conversation_id))
         row = {
             "tenant": tenant,
             "conversation_id": conversation_id,

@@ -126,6 +126,7 @@ def retried(method: F) -> F:
 
     return run  # type: ignore[return-value]
 
+
 SENT_SCAN_PAGE = 50
 _MESSAGE_SENT_TOPIC = get_topic(Conversation.MessageSent)
 
@@ -429,9 +430,7 @@ class FanoutApplication(Application[UUID]):
         """eventsourcing's hook after a save: report positions and each send's fan-out
         entries (backpressure counts the read side's backlog without a query, ADR-0010)."""
         if self.recorded_listeners:
-            recorded = [
-                (r.notification.id, int(getattr(r.domain_event, "fanout_entries", 0) or 0)) for r in recordings
-            ]
+            recorded = [(r.notification.id, int(getattr(r.domain_event, "fanout_entries", 0) or 0)) for r in recordings]
             for listener in self.recorded_listeners:
                 listener(recorded)
 
@@ -570,7 +569,11 @@ class FanoutApplication(Application[UUID]):
     def create_conversation(
         self, tenant: str, conversation_id: str | None, title: str, members: Sequence[str]
     ) -> dict[str, Any]:
-        cid = check_id(conversation_id, "conversation_id") if conversation_id is not None else f"c_{uuid.uuid4().hex[:16]}"
+        cid = (
+            check_id(conversation_id, "conversation_id")
+            if conversation_id is not None
+            else f"c_{uuid.uuid4().hex[:16]}"
+        )
         if not isinstance(title, str) or len(title) > 256:
             raise InvalidArgument("title must be a string of at most 256 characters", field="title")
         with self._unit() as touched:
@@ -691,7 +694,12 @@ class FanoutApplication(Application[UUID]):
             now = self.clock()
             pending = self.activity.at(key, user_id) if user_id in conv.members else 0.0
             if known is not None and conv.read_changes_nothing(user_id, read_seq, known[0], now, self.params, pending):
-                return {"conversation_id": conversation_id, "read_seq": known[0], "coalesced": True, "position": known[1]}
+                return {
+                    "conversation_id": conversation_id,
+                    "read_seq": known[0],
+                    "coalesced": True,
+                    "position": known[1],
+                }
             conv.check_read(user_id, read_seq)
             # Gate before the event: a refused command must not leave a pending event behind
             # (that would evict, then reload, a possibly 100k-member aggregate per refusal).

@@ -38,6 +38,7 @@ from fanout.runtime import ViewReads
 from projections.capacity import CapacityProjection
 from projections.capacity_monitor import platform_window
 from projections.delivery import Delivered, DeliveryProjection
+from projections.head_cache import HeadCache
 from projections.hosting import ViewsTracked
 from projections.ports import ViewStore
 
@@ -91,8 +92,12 @@ class DistributedRuntime:
         partitions: int,
         route: Callable[[str, str, int], int] | None = None,
         clock: Callable[[], float] = time.time,
+        head_cache: HeadCache | None = None,
     ) -> None:
         self.params = params
+        # the heads the views' logins read, kept while the workers' records say they hold (ADR-0035);
+        # every position this replica learns is told to it before a waiting reader wakes
+        self.head_cache = head_cache
         self.views = views
         self.links = links
         self.partitions = partitions
@@ -139,9 +144,11 @@ class DistributedRuntime:
     def _projected(self) -> None:
         self.wait_until(self.app.log_position(), timeout=30)
 
-
     def _on_tracked(self, tracked: ViewsTracked) -> None:
-        """A worker's commit left these positions in the views: waiters wake now."""
+        """A worker's commit left these positions in the views: waiters wake now (after
+        the head cache dropped the heads the commit wrote)."""
+        if self.head_cache is not None:
+            self.head_cache.on_tracked(tracked)
         with self._progress:
             self._published.update(tracked.positions)
             if len(self._published) >= self.partitions:
@@ -163,6 +170,8 @@ class DistributedRuntime:
                 self._stop.wait(1.0)
                 continue
             partitions = self._read_wanted_partitions()
+            if self.head_cache is not None:
+                self._tell_head_cache(partitions, committed)
             with self._progress:
                 for p in set(self._partition_positions) - self._wanted.keys():  # read afresh when waited on again
                     del self._partition_positions[p]
@@ -174,6 +183,18 @@ class DistributedRuntime:
                     self._partition_positions.update(moved)
                     self._progress.notify_all()
             self._stop.wait(WATCH_INTERVAL)
+
+    def _tell_head_cache(self, partitions: dict[int, int], committed: int) -> None:
+        """What the watcher read, to the head cache before any reader wakes on it; the first
+        time, the positions its chains start from (the push subscriber started before)."""
+        assert self.head_cache is not None
+        if not self.head_cache.ready:
+            try:
+                tracked = self.views.positions()
+            except Exception:  # Cassandra away: at the next tick
+                return
+            self.head_cache.establish({p: pos for (name, p), pos in tracked.items() if name == DeliveryProjection.name})
+        self.head_cache.saw(partitions, every=committed)
 
     def _read_wanted_partitions(self) -> dict[int, int]:
         """The tracked position of each partition a read waits on now (one row each)."""
@@ -266,8 +287,14 @@ class DistributedRuntime:
         """The position of the views (or of one partition of them) read now, remembered."""
         self.committed = max(self.committed, self.views.views_position(DeliveryProjection.name))
         if partition is None:
-            return self.committed
-        return max(self.committed, self.views.position(DeliveryProjection.name, partition))
+            read: dict[int, int] = {}
+            found = self.committed
+        else:
+            read = {partition: self.views.position(DeliveryProjection.name, partition)}
+            found = max(self.committed, read[partition])
+        if self.head_cache is not None:
+            self.head_cache.saw(read, every=self.committed)
+        return found
 
     def catch_up(self) -> None:
         self.wait_until(self.log_position(), timeout=120.0)

@@ -41,7 +41,15 @@ DRAIN_EVENTS_PER_SEC = 1_000
 # The Cassandra driver's errors when too few replicas answer (quorum lost, replicas timing
 # out) or no node can be reached: by class name, so this module needs no driver (ADR-0027).
 CASSANDRA_UNAVAILABLE = frozenset(
-    {"Unavailable", "ReadTimeout", "WriteTimeout", "ReadFailure", "WriteFailure", "OperationTimedOut", "NoHostAvailable"}
+    {
+        "Unavailable",
+        "ReadTimeout",
+        "WriteTimeout",
+        "ReadFailure",
+        "WriteFailure",
+        "OperationTimedOut",
+        "NoHostAvailable",
+    }
 )
 
 

@@ -7,10 +7,11 @@
   replication and `min.insync.replicas` of the topics the processes create (absent: the
   broker's default; a cluster: replication=3&min_insync=2). Producers always use acks=all;
 * `FANOUT_VIEWS=cassandra://host[:port][,host...]/keyspace[?replication=1&consistency=LOCAL_ONE
-  &datacenter=datacenter1&in_flight=200&compression=lz4]` -> contact points, keyspace, replication
-  factor, the consistency level of reads and writes (a cluster: replication=3&consistency=LOCAL_QUORUM),
-  the requests a unit of work keeps in the air at once (ADR-0027), and the compression of the
-  native protocol's frames (`lz4`, or `none`: ADR-0032).
+  &datacenter=datacenter1&in_flight=200&compression=lz4&head_cache=200000]` -> contact points, keyspace,
+  replication factor, the consistency level of reads and writes (a cluster:
+  replication=3&consistency=LOCAL_QUORUM), the requests a unit of work keeps in the air at once
+  (ADR-0027), the compression of the native protocol's frames (`lz4`, or `none`: ADR-0032), and
+  how many conversation heads an API replica keeps for its logins (0: none; ADR-0035).
 
 A malformed URL stops start-up with a ConfigError naming the setting."""
 
@@ -136,6 +137,7 @@ class CassandraSettings:
     datacenter: str = "datacenter1"
     in_flight: int = 200  # requests in the air while a unit of work commits (adapters.cassandra.views.IN_FLIGHT)
     compression: str = "lz4"  # of the native protocol's frames: lz4 or none (ADR-0032)
+    head_cache: int = 200_000  # heads an API replica keeps for its logins, 0: none (projections/head_cache.py)
 
 
 COMPRESSIONS = ("lz4", "none")
@@ -150,7 +152,7 @@ def cassandra_settings(url: str, name: str = "FANOUT_VIEWS") -> CassandraSetting
         raise UrlError(
             f"{name}={url!r}: name a keyspace (letters, digits, _; up to 48), e.g. cassandra://127.0.0.1:9042/fanout"
         )
-    q = _query(u.query, {"replication", "consistency", "datacenter", "in_flight", "compression"}, name)
+    q = _query(u.query, {"replication", "consistency", "datacenter", "in_flight", "compression", "head_cache"}, name)
     hosts = _hosts(u.netloc, 9042, name)
     if len({p for _, p in hosts}) != 1:
         raise UrlError(f"{name}: every contact point must use the same port")
@@ -169,4 +171,5 @@ def cassandra_settings(url: str, name: str = "FANOUT_VIEWS") -> CassandraSetting
         datacenter=q.get("datacenter", "datacenter1"),
         in_flight=_int(q.get("in_flight", "200"), "in_flight", name),
         compression=compression,
+        head_cache=_int(q.get("head_cache", "200000"), "head_cache", name, lo=0),
     )

@@ -15,7 +15,7 @@ when a partition is revoked. A host loops over
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from domain.params import Parameters
@@ -29,9 +29,14 @@ from projections.ports import ViewStore, ViewWriter
 @dataclass(frozen=True)
 class ViewsTracked:
     """After a unit of work committed: log partition -> the position the delivery views of
-    that partition now hold (what `ViewReader.position("delivery", partition)` reads)."""
+    that partition now hold (what `ViewReader.position("delivery", partition)` reads); the
+    positions they held before it (`since`: a replica sees from the chain whether it missed
+    a commit); the heads the unit wrote, (tenant, conversation_id) (a replica's head cache
+    drops them, projections/head_cache.py)."""
 
     positions: Mapping[int, int]
+    since: Mapping[int, int] = field(default_factory=dict)
+    heads: tuple[tuple[str, str], ...] = ()
 
 
 Effect = Delivered | ReviewTrigger | ViewsTracked

@@ -11,7 +11,7 @@ query side (fanout/queries.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -104,6 +104,9 @@ class ViewWriter(Protocol):
     def put_capacity(self, name: str, body: dict[str, Any]) -> None: ...
 
     def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any]) -> None: ...
+
+    def heads_written(self) -> Iterable[tuple[str, str]]:
+        """(tenant, conversation_id) of every head this unit put (its ViewsTracked names them)."""
 
     def put_message(self, tenant: str, conversation_id: str, message: MessageRow) -> None: ...
 

@@ -319,6 +319,8 @@ class ProjectionHost:
         effects: list[Effect] = []
         labels: set[str] = set()  # the kinds of events in the unit (failpoints)
         folds: dict[int, _Fold] = {}
+        delivery = DeliveryProjection.name
+        since = {p: self.tracked(p)[delivery] for p in work if delivery in self.tracked(p)}
         try:
             with self.views.unit_of_work(self.targets) as w:
                 w.checkpoint = self._checkpoint({p: self._committed.get(p) for p in work}, labels)
@@ -334,6 +336,7 @@ class ProjectionHost:
                         w.track(p.name, fold.last[p.name], partition)
                     w.track_log(partition, max(fold.last.values()), fold.next_offset)
                 entries = w.mailbox_entries
+                heads = tuple(w.heads_written())
         except BaseException as exc:
             # The working sets ran ahead of what committed: reload them from the views.
             if isinstance(exc, Fenced):
@@ -352,8 +355,8 @@ class ProjectionHost:
         s.units += 1
         s.entries += entries
         s.effects += len(effects)
-        delivery = DeliveryProjection.name
-        effects.append(ViewsTracked({p: f.last[delivery] for p, f in folds.items() if delivery in f.last}))
+        positions = {p: f.last[delivery] for p, f in folds.items() if delivery in f.last}
+        effects.append(ViewsTracked(positions, {p: since[p] for p in positions if p in since}, heads))
         if self.on_effects is not None:
             try:
                 self.on_effects(effects)

@@ -67,7 +67,13 @@ def encode(d: Delivered) -> bytes:
 
 
 def encode_tracked(t: ViewsTracked) -> bytes:
-    body = {"v": FORMAT, "kind": "tracked", "positions": {str(p): pos for p, pos in t.positions.items()}}
+    body = {
+        "v": FORMAT,
+        "kind": "tracked",
+        "positions": {str(p): pos for p, pos in t.positions.items()},
+        "since": {str(p): pos for p, pos in t.since.items()},
+        "heads": [list(key) for key in t.heads],
+    }
     return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -79,7 +85,11 @@ def decode(value: bytes) -> Delivered | WorkerBeat | ViewsTracked:
         if body.get("v") != FORMAT:
             raise ValueError(f"push record format {body.get('v')!r}, expected {FORMAT}")
         if body.get("kind") == "tracked":
-            return ViewsTracked({int(p): int(pos) for p, pos in body["positions"].items()})
+            return ViewsTracked(
+                {int(p): int(pos) for p, pos in body["positions"].items()},
+                {int(p): int(pos) for p, pos in body.get("since", {}).items()},  # absent: a worker before ADR-0035
+                tuple((str(t), str(c)) for t, c in body.get("heads", ())),
+            )
         if body.get("kind") == BEAT_KIND:
             return decode_beat(body)
         materialized = body["materialized"]

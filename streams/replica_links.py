@@ -70,9 +70,7 @@ class KafkaReplicaLinks:
             if self._consumer is None:
                 self._consumer = position_consumer(self.kafka.brokers)
             try:
-                position = relayed_position(
-                    self.kafka.brokers, self.kafka.topic, timeout=5.0, consumer=self._consumer
-                )
+                position = relayed_position(self.kafka.brokers, self.kafka.topic, timeout=5.0, consumer=self._consumer)
             except Exception as exc:
                 self.health.failed(f"{type(exc).__name__}: {exc}")
                 raise

@@ -219,6 +219,9 @@ class CassandraWriter:
             self.heads[(tenant, conversation_id)] = (head_cells(head), ROW_BYTES + len(text.encode()))
             self._from(tenant, conversation_id)
 
+    def heads_written(self) -> Iterable[tuple[str, str]]:
+        return self.heads.keys()
+
     def put_message(self, tenant: str, conversation_id: str, message: MessageRow) -> None:
         if "heads" in self.targets:
             broadcast = bool(message["mention_all"] or message["announcement"])

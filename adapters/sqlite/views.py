@@ -16,7 +16,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import groupby
 from pathlib import Path
@@ -178,6 +178,7 @@ class SqliteWriter:
         self.log_positions: dict[int, LogPosition] = {}
         self.partition = 0  # one log, one partition
         self.checkpoint: Callable[[str], None] | None = None  # one transaction: never called
+        self.head_keys: set[tuple[str, str]] = set()  # the heads put (heads_written)
 
     def track(self, projection: str, position: int, partition: int = 0) -> None:
         """Record the last position this unit of work applied for (projection, partition);
@@ -187,9 +188,13 @@ class SqliteWriter:
     def track_log(self, partition: int, position: int, next_offset: int) -> None:
         self.log_positions[partition] = LogPosition(position, next_offset)
 
+    def heads_written(self) -> Iterable[tuple[str, str]]:
+        return self.head_keys
+
     def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any]) -> None:
         if "heads" not in self.targets:
             return
+        self.head_keys.add((tenant, conversation_id))
         self.con.execute(
             f"INSERT OR REPLACE INTO heads (tenant, conversation_id, {', '.join(HEAD_COLUMNS)}) "
             f"VALUES (?, ?, {', '.join('?' * len(HEAD_COLUMNS))})",

@@ -13,6 +13,7 @@ from fanout.config import EngineUnavailable, Settings
 from fanout.distributed import DistributedRuntime
 from fanout.rereview import MailboxMeter
 from fanout.urls import CassandraSettings, cassandra_settings, kafka_settings, postgres_env
+from projections.head_cache import HeadCache
 from projections.ports import ViewStore
 from streams.routing import conversation_partition
 
@@ -54,10 +55,13 @@ def bootstrap_distributed(
     env = postgres_env(settings.event_store)
     check_event_store(env)  # a missing database or a server down: one line naming the URL and what to do
     built = None
+    head_cache = None
     if views is None:
         cassandra = cassandra_settings(settings.views)
         try:
             views = built = open_cassandra_views(cassandra, partitions=kafka.partitions)
+            if cassandra.head_cache > 0:  # ADR-0035: the heads the logins read, kept while the workers say they hold
+                views.head_cache = head_cache = HeadCache(kafka.partitions, capacity=cassandra.head_cache)
         except Exception as exc:
             where = f"cassandra://{','.join(cassandra.hosts)}:{cassandra.port}/{cassandra.keyspace}"
             first = (str(exc).strip().splitlines() or [""])[0][:300]
@@ -74,6 +78,7 @@ def bootstrap_distributed(
             partitions=kafka.partitions,
             route=conversation_partition,
             clock=clock,
+            head_cache=head_cache,
         )
     except BaseException:
         if built is not None:

@@ -17,7 +17,7 @@ from fanout.urls import kafka_settings
 from projections.delivery import Delivered
 from projections.hosting import ViewsTracked
 from projections.sharding import shard_of
-from streams.heartbeats import WorkerBeat, WorkerBeats, encode_beat
+from streams.heartbeats import FORMAT, WorkerBeat, WorkerBeats, encode_beat
 from streams.host import ProjectionHost
 from streams.kafka import partition_count
 from streams.pushes import (
@@ -92,10 +92,13 @@ def test_a_heartbeat_round_trips_and_is_not_a_push() -> None:
 
 
 def test_the_positions_a_commit_left_round_trip_and_are_not_a_push() -> None:
-    t = ViewsTracked({0: 17, 3: 2_000_000_001})
+    t = ViewsTracked({0: 17, 3: 2_000_000_001}, {0: 9, 3: 2_000_000_000}, (("acme", "c1"), ("acme", "c/2 é")))
     back = decode(encode_tracked(t))
     assert back == t and isinstance(back, ViewsTracked) and not isinstance(back, Delivered)
-    assert all(isinstance(p, int) for p in back.positions)
+    assert all(isinstance(p, int) for p in back.positions) and all(isinstance(p, int) for p in back.since)
+    # a record of a worker before ADR-0035 (no since, no heads): a replica's head cache sees a broken chain
+    old = decode(b'{"v": %d, "kind": "tracked", "positions": {"0": 5}}' % FORMAT)
+    assert old == ViewsTracked({0: 5})
 
 
 def test_a_worker_is_alive_until_it_misses_its_beats_or_leaves() -> None:

@@ -66,6 +66,36 @@ def test_a_replica_learns_the_views_position_from_the_workers_commits_not_its_po
     assert len(rt._published) == rt.partitions  # every partition's position came from a worker
 
 
+def test_a_replica_keeps_the_heads_its_logins_read_and_a_commit_elsewhere_drops_them(cluster: Cluster) -> None:
+    """ADR-0035: the second login of a user reads no head from Cassandra, and a message sent
+    through another replica is in the next login of a reader that waited for its position
+    (the worker's commit record dropped the head first, or the cache stood aside)."""
+    rt, other = cluster.runtimes[0], cluster.replica()
+    cache = rt.head_cache
+    assert cache is not None
+    for i in range(5):
+        rt.app.create_conversation(T, f"g{i}", f"group {i}", ["a", "b"])
+    sent = rt.app.send_message(T, "g0", sender="b", text="first")
+    assert rt.wait_until(sent["position"], timeout=60), cluster.log_of("worker")
+    deadline = time.monotonic() + 20
+    while True:  # until the chains stand where the views do (the records of the creates are in)
+        rt.queries.session_list(T, "a")
+        before = cache.stats.hits
+        rt.queries.session_list(T, "a")
+        if cache.stats.hits - before >= 5:
+            break
+        assert time.monotonic() < deadline, cache.stats
+        time.sleep(0.1)
+    for n in range(3):
+        r = other.app.send_message(T, "g3", sender="b", text=f"later {n}")
+        assert rt.wait_until(r["position"], timeout=60), cluster.log_of("worker")
+        sessions, _ = rt.queries.session_list(T, "a")
+        (item,) = [s for s in sessions if s["conversation_id"] == "g3"]
+        assert item["latest_conversation_seq"] == n + 1 and item["preview"] == f"later {n}", item
+        assert [s["conversation_id"] for s in sessions][0] == "g3", sessions
+    assert cache.stats.dropped >= 1 and cache.stats.resets == 0, cache.stats
+
+
 def test_a_second_replica_reads_what_the_first_wrote(cluster: Cluster) -> None:
     first = cluster.runtimes[0]
     second = cluster.replica()
