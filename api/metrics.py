@@ -152,9 +152,29 @@ class _RuntimeCollector:
                 "Groups whose transaction failed (a lost race): their commands ran again one by one",
                 app.group_fallbacks,
             ),
-            ("fanout_write_conflicts", "Saves that lost an optimistic-concurrency race and were retried", app.conflicts),
+            (
+                "fanout_write_conflicts",
+                "Saves that lost an optimistic-concurrency race and were retried",
+                app.conflicts,
+            ),
         ):
             yield CounterMetricFamily(name, doc, value=value)
+        if rt.head_cache is not None:
+            stats = rt.head_cache.stats
+            heads = CounterMetricFamily(
+                "fanout_head_cache_heads",
+                "Conversation heads the logins asked this replica for: served from its head cache, or read (ADR-0035)",
+                labels=["source"],
+            )
+            heads.add_metric(["cache"], stats.hits)
+            heads.add_metric(["views"], stats.misses)
+            yield heads
+            yield CounterMetricFamily(
+                "fanout_head_cache_resets",
+                "Times the head cache dropped everything: a worker's commit record was lost or overlapped",
+                value=stats.resets,
+            )
+            yield GaugeMetricFamily("fanout_head_cache_size", "Heads kept in the head cache", value=len(rt.head_cache))
         yield from host_counters(rt.host_counters())
         yield from rereview_series(self.metrics.watch, rt)
 

@@ -154,6 +154,11 @@ def cmd_rebuild(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
         for table, n in r.rows.items():
             up, deleted = r.changed[table]
             print(f"  {table:<19} {n:>12,} rows  ({up:,} written, {deleted:,} deleted)")
+        if "heads" in r.rows and any(r.changed.get("heads", (0, 0))):
+            print(
+                "running API replicas may serve the heads they cached before this merge for up to 5 minutes "
+                "(ADR-0035); restart them to drop those at once"
+            )
         return 0
     print(f"rebuilt {r.target} from the log up to position {r.position} in {r.seconds:.2f}s; swapped in:")
     for table, n in r.rows.items():

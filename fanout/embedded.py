@@ -20,6 +20,7 @@ from fanout.queries import Queries
 from fanout.rereview import MailboxMeter
 from fanout.runtime import ViewReads
 from projections.capacity import CapacityProjection
+from projections.head_cache import HeadCache
 from projections.hosting import PROJECTIONS, Effect
 from projections.ports import ViewStore
 
@@ -71,6 +72,8 @@ class EmbeddedRuntime:
     """One process: the command side, the views, the in-process projection runner and
     the push hub over one data dir. Implements `fanout.runtime.Runtime`; built by
     `bootstrap`, which hands it its adapters."""
+
+    head_cache: HeadCache | None = None  # one SQLite statement answers the login: nothing to keep (ADR-0035)
 
     def __init__(
         self,

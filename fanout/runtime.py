@@ -17,6 +17,7 @@ from fanout.overload import Backpressure
 from fanout.push import PushHub
 from fanout.queries import Queries
 from projections.capacity import CapacityProjection
+from projections.head_cache import HeadCache
 from projections.ports import ViewStore
 
 
@@ -28,6 +29,7 @@ class Runtime(Protocol):
     backpressure: Backpressure  # refuses writes the read side cannot keep up with (ADR-0010)
     review_triggers: int  # reviews opened by T1/T2 since start
     views: ViewStore  # the views the queries read (the re-review watch keeps its memo there)
+    head_cache: HeadCache | None  # the heads kept for logins (an API replica of the distributed runtime, ADR-0035)
 
     # -- the projectors ---------------------------------------------------------
 

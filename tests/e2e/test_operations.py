@@ -52,6 +52,9 @@ async def test_metrics_expose_every_documented_series_in_prometheus_text(api: Ap
         assert f"\n{name}" in text or text.startswith(name), name
     assert 'conversation_active_member_ratio{size_bucket="small"}' in text
     assert "fanout_projection_lag " in text
+    if api.server.kind == "distributed":  # an API replica keeps the heads its logins read (ADR-0035)
+        for name in ("fanout_head_cache_heads_total", "fanout_head_cache_resets_total", "fanout_head_cache_size"):
+            assert f"\n{name}" in text, name
 
 
 async def test_the_openapi_document_describes_every_route_the_app_registers(api: Api, server: Server) -> None:
