@@ -64,9 +64,8 @@ from projections.state import SessionHead, SessionItem, SessionState, UserConver
 IN_FLIGHT = 200  # requests in the air at once
 PUSH_COUNTS_KEPT = 10_000  # messages whose push count a replica remembers (a message is pushed at once)
 HEADS_PER_READ = 100  # conversation heads read by one request of the login's batched read
-SESSION_STATES_PAGE = (
-    10_000  # rows of the user's states partition per page of the login's read (one page for most users)
-)
+# rows of the user's states partition per page of the login's read (one page for most users)
+SESSION_STATES_PAGE = 10_000
 
 
 class CassandraViews:
