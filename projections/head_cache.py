@@ -18,10 +18,11 @@ Three rules keep a served head from being older than what the records have said:
   fenced one), or the views went back (healed after a Cassandra crash): everything cached
   is dropped and the chain restarts there. A record at or below the chain is one the
   positions already covered.
-* **Lost last records.** A lost record followed by none (an idle partition) would leave a head
-  stale until the next one; `on_positions` gets the views' positions the replica reads anyway
-  (its watcher): a partition standing above its chain for LOST_AFTER seconds without a record
-  drops everything cached too.
+* **Never behind what a reader was told.** `saw` gets every position the replica learns the
+  views hold (its watcher's reads, a waited-on partition's read) before a reader waiting on it
+  wakes; while a partition's chain stands below what was seen (its record on the way, or lost,
+  perhaps with none after it on an idle partition) no head is served, and after LOST_AFTER
+  seconds everything cached is dropped and that chain restarts at what was seen.
 * **Fills never resurrect.** A read started before a record dropped a head could return it
   as it was: `fill` keeps a head only if no record named it since the read began, the cache
   was not reset meanwhile, and the read took less than FILL_WINDOW.
