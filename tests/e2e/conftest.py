@@ -489,6 +489,20 @@ class Socket:
         assert frame["type"] == frame_type, frame
         return frame
 
+    async def expect_live(self, frame_type: str, conversation_id: str, seq: int, timeout: float = 5.0) -> dict[str, Any]:
+        """The next `frame_type` frame, past live frames that repeat an earlier message of the
+        conversation: a push may land after the session list already showed it (PROTOCOL.md:
+        keep the highest seq), most of all on the distributed runtime, where pushes reach a
+        replica by their own topic. Anything else out of place fails as in expect()."""
+        while True:
+            frame = await self.receive(timeout)
+            shown = frame.get("conversation_seq", frame.get("latest_conversation_seq"))
+            repeat = frame["type"] in ("MESSAGE", "HEAD") and frame.get("conversation_id") == conversation_id
+            if repeat and isinstance(shown, int) and shown < seq:
+                continue
+            assert frame["type"] == frame_type, frame
+            return frame
+
     async def session_list(self) -> list[dict[str, Any]]:
         """Every SESSION_LIST_BATCH up to the one marked last."""
         batches = []

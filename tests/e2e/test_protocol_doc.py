@@ -121,7 +121,7 @@ async def scripted_session(api: Api, doc: dict[str, Any]) -> dict[str, Any]:
     real["frame SESSION_LIST_BATCH"] = batches[-1]
 
     expect(await svc.send(BIG, sender="ann", text="slides are in the wiki"), 201)
-    real["frame MESSAGE"] = await sock.expect("MESSAGE")  # materialized false: quiet1 is silent
+    real["frame MESSAGE"] = await sock.expect_live("MESSAGE", BIG, 3)  # materialized false: quiet1 is silent
     real["frame HEAD"] = await sock.expect("HEAD")
     real["http head"] = expect(await svc.head(BIG), 200)
     real["http delivery"] = await svc.materialized(BIG, 3)

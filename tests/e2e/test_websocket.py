@@ -24,7 +24,7 @@ async def test_a_client_syncs_receives_live_messages_marks_read_pulls_history_an
     assert item["conversation_id"] == cid and item["unread_count"] == 1 and item["latest_conversation_seq"] == 1
 
     sent = expect(await svc.send(cid, sender="ann", text="live now"), 201)
-    live = await sock.expect("MESSAGE")
+    live = await sock.expect_live("MESSAGE", cid, 2)
     assert live["conversation_id"] == cid and live["conversation_seq"] == 2
     assert live["message_id"] == sent["message_id"] and live["text"] == "live now"
     assert live["materialized"] is True and live["sender"] == "ann"
@@ -130,7 +130,7 @@ async def test_a_silent_member_of_a_mention_only_group_gets_the_message_unmateri
     assert [h["conversation_id"] for h in batch["big_group_heads"]] == [cid]
 
     expect(await svc.send(cid, sender="ann", text="to the active only"), 201)
-    message = await sock.expect("MESSAGE")
+    message = await sock.expect_live("MESSAGE", cid, 2)
     assert message["conversation_seq"] == 2 and message["materialized"] is False
     head = await sock.expect("HEAD")
     assert head == {
