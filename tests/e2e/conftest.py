@@ -489,7 +489,9 @@ class Socket:
         assert frame["type"] == frame_type, frame
         return frame
 
-    async def expect_live(self, frame_type: str, conversation_id: str, seq: int, timeout: float = 5.0) -> dict[str, Any]:
+    async def expect_live(
+        self, frame_type: str, conversation_id: str, seq: int, timeout: float = 5.0
+    ) -> dict[str, Any]:
         """The next `frame_type` frame, past live frames that repeat an earlier message of the
         conversation: a push may land after the session list already showed it (PROTOCOL.md:
         keep the highest seq), most of all on the distributed runtime, where pushes reach a

@@ -32,7 +32,13 @@ async def test_a_client_syncs_receives_live_messages_marks_read_pulls_history_an
 
     await sock.send(type="MARK_READ", conversation_id=cid, read_seq=2)
     read = await sock.expect("READ_OK")
-    assert read == {"type": "READ_OK", "conversation_id": cid, "read_seq": 2, "coalesced": False, "position": read["position"]}
+    assert read == {
+        "type": "READ_OK",
+        "conversation_id": cid,
+        "read_seq": 2,
+        "coalesced": False,
+        "position": read["position"],
+    }
 
     await sock.send(type="PULL_HISTORY", conversation_id=cid, after_seq=0, limit=1)
     history = await sock.expect("HISTORY")
@@ -41,7 +47,12 @@ async def test_a_client_syncs_receives_live_messages_marks_read_pulls_history_an
 
     await sock.send(type="REBUILD", conversation_id=cid)
     rebuilt = await sock.expect("REBUILD_OK")
-    assert rebuilt == {"type": "REBUILD_OK", "conversation_id": cid, "rebuilt_at_seq": 2, "position": rebuilt["position"]}
+    assert rebuilt == {
+        "type": "REBUILD_OK",
+        "conversation_id": cid,
+        "rebuilt_at_seq": 2,
+        "position": rebuilt["position"],
+    }
     fresh = await sock.expect("SESSION_LIST_BATCH")
     assert fresh["last"] is True and fresh["big_group_heads"] == []
     (item,) = fresh["sessions"]
