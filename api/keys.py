@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
@@ -41,3 +41,9 @@ async def blocking(app: web.Application, fn: Callable[..., T], *args: Any, **kwa
 async def command(app: web.Application, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """A send: on the command lane, off the event loop (api/commands.py)."""
     return await app[COMMANDS].call(fn, *args, **kwargs)
+
+
+async def commands(app: web.Application, calls: Sequence[Callable[[], Any]]) -> list[tuple[Any, BaseException | None]]:
+    """Several sends in order as one item of the command lane; each one's (result, None) or
+    (None, exception)."""
+    return await app[COMMANDS].call_many(calls)

@@ -18,7 +18,7 @@ from aiohttp import web
 from api import schemas
 from api.endpoint import ADMIN, SERVICE, USER, endpoint
 from api.errors import ADMISSION, error_item, json_response
-from api.keys import METRICS, RUNTIME, WATCH, blocking, command
+from api.keys import METRICS, RUNTIME, WATCH, blocking, command, commands
 from api.metrics import CONTENT_TYPE, Metrics
 from api.reads import (
     MIN_POSITION_HEADER,
@@ -39,7 +39,6 @@ from api.reads import (
 from domain.errors import FanoutError, InvalidArgument
 from domain.params import SizeBucket
 from fanout.overload import storage_unavailable
-from fanout.runtime import Runtime
 from fanout.security import Claims
 from fanout.strict_json import INT64_MAX
 
@@ -197,20 +196,21 @@ async def send_message(request: web.Request, who: Claims, data: schemas.SendMess
 )
 async def send_batch(request: web.Request, who: Claims, data: schemas.SendBatch) -> web.Response:
     rt, metrics = request.app[RUNTIME], request.app[METRICS]
-    results, position = await command(request.app, send_each, rt, metrics, who.tenant, data.messages)
+    started = time.perf_counter()
+    sends = [partial(rt.app.send_message, who.tenant, m.conversation_id, **message_fields(m)) for m in data.messages]
+    # one work item of the command lane: the sends join the run's group (ADR-0030), in order
+    outcomes = await commands(request.app, sends)
+    results, position = batch_results(outcomes, metrics, time.perf_counter() - started)
+    if position is None:  # every send refused: the log's position, for read-your-writes all the same
+        position = await blocking(request.app, rt.log_position)
     return json_response({"results": results, "position": position}, headers={POSITION_HEADER: str(position)})
 
 
-def send_each(
-    rt: Runtime, metrics: Metrics, tenant: str, messages: list[schemas.BatchedMessage]
-) -> tuple[list[dict[str, Any]], int]:
-    """The sends of a batch in order (off the event loop), written in one event-store
-    transaction (`FanoutApplication.grouped`, ADR-0030); each refusal is its item."""
-    started = time.perf_counter()
-    outcomes = rt.app.grouped(
-        [partial(rt.app.send_message, tenant, m.conversation_id, **message_fields(m)) for m in messages]
-    )
-    took = time.perf_counter() - started
+def batch_results(
+    outcomes: list[tuple[Any, BaseException | None]], metrics: Metrics, took: float
+) -> tuple[list[dict[str, Any]], int | None]:
+    """Each send's item of a batch's answer (a refusal is its error body), and the highest
+    position the sends were written at (None: nothing sent)."""
     results: list[dict[str, Any]] = []
     last: int | None = None
     for i, (result, exc) in enumerate(outcomes):
@@ -227,7 +227,7 @@ def send_each(
         duplicate = bool(result.pop("duplicate", False))
         results.append({"status": 200 if duplicate else 201, **result})
         last = max(last or 0, int(result["position"]))
-    return results, rt.log_position() if last is None else last
+    return results, last
 
 
 @endpoint("The conversation's head", roles=SERVICE, query=schemas.FreshQuery, errors=(503,))

@@ -4,6 +4,7 @@ validate writes nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 from typing import Any
@@ -195,3 +196,34 @@ async def test_a_batch_is_written_in_one_event_store_transaction(api: Api, cid: 
     after = await metrics()
     assert series(after, "fanout_group_commits_total") - series(before, "fanout_group_commits_total") >= 1
     assert series(after, "fanout_grouped_commands_total") - series(before, "fanout_grouped_commands_total") >= 3
+
+
+async def test_batches_and_single_sends_racing_each_get_their_positions(api: Api, cid: str) -> None:
+    """Concurrent requests share the command lane's runs (ADR-0024, ADR-0030): a batch taken
+    in a run with other sends is written in the run's group, and every send still answers
+    with the position it was written at (a batch grouped inside a group answered 500 once)."""
+    senders = [f"s{i}" for i in range(8)]
+    cids = [f"{cid}-{k}" for k in range(4)]
+    svc = await conversation(api, "acme", cids[0], senders)
+    for c in cids[1:]:
+        await conversation(api, "acme", c, senders)
+    # batch b sends as senders[b] into every conversation; single send i as senders[i] into
+    # cids[0] with a client_msg_id (each sender once per conversation: under the rate gate)
+    batches = [
+        batch(svc, [{"conversation_id": c, "sender": senders[b], "text": f"b{b} to {c}"} for c in cids[1:]])
+        for b in range(8)
+    ]
+    singles = [svc.send(cids[0], sender=s, text=f"single {s}", client_msg_id=f"one-{s}") for s in senders]
+    replies = await asyncio.gather(*(x for pair in zip(batches, singles, strict=True) for x in pair))
+    positions: list[int] = []
+    for reply in replies[0::2]:
+        body = expect(reply, 200)
+        assert [r["status"] for r in body["results"]] == [201, 201, 201], body
+        mine = [r["position"] for r in body["results"]]
+        assert body["position"] == max(mine) == int(reply.headers["X-Fanout-Position"])
+        positions += mine
+    for reply in replies[1::2]:
+        positions.append(expect(reply, 201)["position"])
+    assert len(set(positions)) == len(positions) == 32
+    for c in cids[1:]:
+        assert (await svc.materialized(c, 8))["mailbox_entries"] == 8
