@@ -509,10 +509,18 @@ def harness_serve(argv: list[str]) -> int:
         assert original_call is not None
         return await original_call(self, in_lane(fn), *args, **kwargs)
 
+    original_many = getattr(CommandLane, "call_many", None)  # a batch's sends (older trees: none)
+
+    async def call_many(self: Any, calls: list[Any]) -> Any:
+        assert original_many is not None
+        return await original_many(self, [in_lane(fn) for fn in calls])
+
     if profile_dir is not None:
         cft._WorkItem.run = run  # type: ignore[method-assign]
         if CommandLane is not None:
             CommandLane.call = call  # type: ignore[method-assign]
+            if original_many is not None:
+                CommandLane.call_many = call_many  # type: ignore[method-assign]
     signal.signal(signal.SIGUSR1, on_signal)
     return cli_main(argv)
 

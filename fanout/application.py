@@ -63,7 +63,7 @@ from domain.tier import Tier
 from fanout.activity import PendingActivity
 from fanout.gate import UserCommandGate
 from fanout.overload import storage_unavailable
-from fanout.units import Group, GroupBroken, Outcome, Unit, outcome
+from fanout.units import Group, GroupBroken, Outcome, Staged, Unit, outcome, project
 from fanout.wire import review_dict, tier_dict
 
 A = TypeVar("A", bound=Aggregate)
@@ -215,6 +215,16 @@ class FanoutApplication(Application[UUID]):
 
     # -- plumbing ------------------------------------------------------------
 
+    def save(self, *objs: Any, **kwargs: Any) -> list[Recording[UUID]]:
+        """Application.save, its events collected by `Staged` (no Protocol isinstance checks)."""
+        processing_event = Staged()
+        processing_event.collect_events(*objs, **kwargs)
+        recordings = self._record(processing_event)
+        self._take_snapshots(processing_event)
+        self._notify(recordings)
+        self.notify(processing_event.events)  # the library's deprecated hook, called as it does
+        return recordings
+
     def _find(
         self,
         cls: type[A],
@@ -257,7 +267,7 @@ class FanoutApplication(Application[UUID]):
                             unit.unchecked.append(cached)
         if found is None:
             try:
-                found = self.repository.get(aggregate_id)
+                found = self.repository.get(aggregate_id, projector_func=project)
             except AggregateNotFoundError:
                 return None
         if not isinstance(found, cls) or getattr(found, "tenant", None) != tenant:

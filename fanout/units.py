@@ -8,12 +8,39 @@ transaction (ADR-0030); `outcome` is how each command's result or refusal is han
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 from uuid import UUID
 
 from eventsourcing.application import ProcessingEvent
-from eventsourcing.domain import Aggregate
+from eventsourcing.domain import Aggregate, CanMutateProtocol
+
+
+class Staged(ProcessingEvent[UUID]):
+    """eventsourcing's ProcessingEvent without its isinstance checks against runtime Protocols
+    for our own aggregates: on Python 3.11 each such check walks the Protocol's attributes
+    (11-36 us, four a send: ~10% of a send's CPU on the command thread, profiled 2026-12-05).
+    Anything that is not an `Aggregate` goes the library's way."""
+
+    def collect_events(self, *objs: Any, **kwargs: Any) -> None:
+        for obj in objs:
+            if isinstance(obj, Aggregate):  # a concrete class: a plain isinstance
+                self.events.extend(obj.collect_events())
+                self.aggregates[obj.id] = obj
+            elif obj is not None:
+                super().collect_events(obj)
+        self.saved_kwargs.update(kwargs)
+
+
+def project(aggregate: Any, events: Iterable[Any]) -> Any:
+    """eventsourcing's project_aggregate (each event mutates the aggregate in turn) without
+    its assert isinstance against CanMutateProtocol per event (36 us each on Python 3.11)."""
+    for event in events:
+        mutate = getattr(event, "mutate", None)
+        if mutate is None:  # not our kind of event: the library's check says what is wrong
+            assert isinstance(event, CanMutateProtocol)
+        aggregate = event.mutate(aggregate)
+    return aggregate
 
 
 class Unit(list[Aggregate]):
@@ -42,7 +69,7 @@ class Group:
 
     def __init__(self) -> None:
         self.owner = threading.get_ident()
-        self.processing: ProcessingEvent[UUID] = ProcessingEvent()
+        self.processing: ProcessingEvent[UUID] = Staged()
         self.units: list[tuple[Unit, int, int]] = []  # a unit and its slice of processing.events
         self.answers: list[tuple[dict[str, Any], Unit]] = []  # results whose position awaits the commit
         self.evicted: set[UUID] = set()  # aggregates a refused command of the group dropped from the cache
@@ -55,7 +82,7 @@ class Group:
 
     def reset(self) -> None:
         """After the staged commands were written: the next ones start a new transaction."""
-        self.processing = ProcessingEvent()
+        self.processing = Staged()
         self.units, self.answers, self.evicted = [], [], set()
 
 
