@@ -20,7 +20,13 @@ class Staged(ProcessingEvent[UUID]):
     """eventsourcing's ProcessingEvent without its isinstance checks against runtime Protocols
     for our own aggregates: on Python 3.11 each such check walks the Protocol's attributes
     (11-36 us, four a send: ~10% of a send's CPU on the command thread, profiled 2026-12-05).
-    Anything that is not an `Aggregate` goes the library's way."""
+    Anything that is not an `Aggregate` goes the library's way.
+
+    `tainted`: a refused command changed aggregates staged here after they were collected,
+    so their objects may hold what was never recorded; snapshots are then read back from the
+    store (`FanoutApplication._take_snapshots`)."""
+
+    tainted = False
 
     def collect_events(self, *objs: Any, **kwargs: Any) -> None:
         for obj in objs:
@@ -69,7 +75,7 @@ class Group:
 
     def __init__(self) -> None:
         self.owner = threading.get_ident()
-        self.processing: ProcessingEvent[UUID] = Staged()
+        self.processing: Staged = Staged()
         self.units: list[tuple[Unit, int, int]] = []  # a unit and its slice of processing.events
         self.answers: list[tuple[dict[str, Any], Unit]] = []  # results whose position awaits the commit
         self.evicted: set[UUID] = set()  # aggregates a refused command of the group dropped from the cache
