@@ -47,10 +47,12 @@ def test_every_push_to_a_materialized_member_finds_its_entry_already_committed(t
                 rt.app.send_message("acme", "g", sender=members[i], text=f"m{i}")
             assert rt.wait_until(rt.log_position())
             assert rt.runner.last_error is None
-            assert len(checked) == 30 * len(online)
-            deadline = time.monotonic() + 10  # pushes are counted just after the commit
-            while rt.views.delivery("acme", "g", 30)["online_pushes"] != len(online):
-                assert time.monotonic() < deadline
+            # the pushes of a unit run just after its commit: the views may hold the last
+            # position a moment before its pushes were made (CI saw 21 of 30 messages pushed)
+            deadline = time.monotonic() + 10
+            while len(checked) < 30 * len(online) or rt.views.delivery("acme", "g", 30)["online_pushes"] != len(online):
+                assert time.monotonic() < deadline, f"{len(checked)} of {30 * len(online)} pushes made"
                 time.sleep(0.01)
+            assert len(checked) == 30 * len(online)
     finally:
         loop.close()
