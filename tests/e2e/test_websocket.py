@@ -117,14 +117,14 @@ async def test_errors_in_frames_are_error_frames_and_the_connection_stays_open(a
     ]
     for frame, code in cases:
         await sock.send(**frame)
-        error = await sock.expect("ERROR")
+        error = await sock.expect_live("ERROR", cid, 2)  # past a late push of "one", which the list showed
         assert error["error"] == code, (frame, error)
         assert set(error) == {"type", "error", "message", "details"}
     await sock.ws.send_str("{not json")
-    assert (await sock.expect("ERROR"))["error"] == "INVALID_ARGUMENT"
+    assert (await sock.expect_live("ERROR", cid, 2))["error"] == "INVALID_ARGUMENT"
 
     await sock.send(type="PULL_HISTORY", conversation_id=cid, after_seq=0, limit=10)
-    assert [m["text"] for m in (await sock.expect("HISTORY"))["messages"]] == ["one"]
+    assert [m["text"] for m in (await sock.expect_live("HISTORY", cid, 2))["messages"]] == ["one"]
     await sock.close()
 
 
