@@ -42,8 +42,16 @@ async def test_user_commands_past_the_burst_are_rate_limited_and_no_op_mark_read
     await asyncio.get_running_loop().run_in_executor(None, server.runtime.app.flush_activity)
     written = server.written()
     again = await bob.read(cid, 1)
-    assert expect(again, 200) == {"conversation_id": cid, "read_seq": 1, "coalesced": True, "position": again.body["position"]}
-    assert again.headers["X-Fanout-Position"] == str(again.body["position"]) and again.body["position"] >= first["position"]
+    assert expect(again, 200) == {
+        "conversation_id": cid,
+        "read_seq": 1,
+        "coalesced": True,
+        "position": again.body["position"],
+    }
+    assert (
+        again.headers["X-Fanout-Position"] == str(again.body["position"])
+        and again.body["position"] >= first["position"]
+    )
     assert server.written() == written
 
     expect(await bob.rebuild(cid), 200)  # token 2 of 2
@@ -63,10 +71,10 @@ async def test_user_commands_past_the_burst_are_rate_limited_and_no_op_mark_read
     await sock.expect("AUTH_OK")
     await sock.session_list()
     await sock.send(type="REBUILD", conversation_id=cid)
-    error = await sock.expect("ERROR")
+    error = await sock.expect_live("ERROR", cid, 3)  # past a late push of m0 or m1, which the list showed
     assert error["error"] == "RATE_LIMITED" and error["details"]["gate"] == "per_user_command_rate"
     await sock.send(type="MARK_READ", conversation_id=cid, read_seq=1)
-    read = await sock.expect("READ_OK")
+    read = await sock.expect_live("READ_OK", cid, 3)
     assert read["coalesced"] is True and read["read_seq"] == 1
     await sock.close()
     assert server.written() == written + 1  # ann's REBUILD only
