@@ -15,7 +15,11 @@
 * `check_event_store`: a plain connection before the pool opens, so a missing database,
   a server that does not answer or a refused login is one line naming the URL (without
   its password) and what to do, not eventsourcing's "couldn't get a connection after
-  5.00 sec"."""
+  5.00 sec".
+* `binary_insert`: the recorders' INSERT sends its array of stored events in psycopg's
+  binary format (ADR-0037): the library's statement lets psycopg pick the text format, whose
+  composite dumper escapes every field (the state's bytea too) with regular expressions:
+  54 us an event against 7 us in binary, measured."""
 
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ from eventsourcing.postgres import (
     PostgresFactory,
     PostgresRecorder,
 )
+from psycopg.sql import SQL, Composed
 
 from fanout.config import EngineUnavailable
 
@@ -93,10 +98,31 @@ def _sqlstate(exc: BaseException) -> str | None:
     return None
 
 
+TEXT_ARRAY = "unnest(%s::"  # the placeholder of eventsourcing's insert of stored events
+BINARY_ARRAY = "unnest(%b::"
+
+
+def binary_insert(statement: Composed) -> Composed:
+    """eventsourcing's insert with its array of stored events dumped in binary (`%b`): the
+    same statement otherwise. A statement of another shape (a newer library) is kept as it
+    is: the text format is slower, never wrong."""
+    text = statement.as_string(None)
+    if text.count(TEXT_ARRAY) != 1:
+        log.debug("the event store's insert has an unexpected shape; its text format is kept")
+        return statement
+    return Composed([SQL(text.replace(TEXT_ARRAY, BINARY_ARRAY))])
+
+
 class SchemaLocked(PostgresRecorder):
     """A recorder creating its schema objects under the database's advisory lock for them
     (see the module doc). One key for all of them: the events and the snapshots tables
-    share their composite type."""
+    share their composite type. Its insert sends the stored events in binary."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if isinstance(self, PostgresAggregateRecorder):  # the events' and the snapshots' recorders
+            recorder: PostgresAggregateRecorder = self
+            recorder.insert_events_statement = binary_insert(recorder.insert_events_statement)
 
     def create_table(self) -> None:
         key = lock_key(self.datastore.schema)
