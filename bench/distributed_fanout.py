@@ -66,7 +66,7 @@ from distributed_common import (  # noqa: E402
 )
 
 from adapters.cassandra.connect import open_cluster  # noqa: E402
-from adapters.cassandra.mailbox import IN_FLIGHT, CassandraMailbox  # noqa: E402
+from adapters.cassandra.mailbox import IN_FLIGHT, CassandraMailbox, hour_of, partition_shard  # noqa: E402
 from fanout.bootstrap import bootstrap_distributed  # noqa: E402
 from fanout.config import load_settings  # noqa: E402
 from fanout.urls import CassandraSettings, cassandra_settings  # noqa: E402
@@ -96,7 +96,7 @@ def preload(c: CassandraSettings, n: int, per_message: int) -> None:
             take = min(len(users), n - written)
             shards = full if take == len(users) else grouped(users[:take])
             k += 1
-            written += store.write(TENANT, MessageRefs(f"pre{k}", k, 1, 0, {}, shards))
+            written += store.write(TENANT, MessageRefs(f"pre{k}", k, 1, 0, {}, shards, at=time.time()))
             now = time.monotonic()
             if now - last >= 10 or written >= n:
                 last = now
@@ -143,9 +143,10 @@ def naive_writer(c: CassandraSettings, members: list[str], messages: int, part: 
             warnings.simplefilter("ignore", DeprecationWarning)
             session.cluster.control_connection.wait_for_schema_agreement(wait_time=60)
         insert = session.prepare(
-            f"INSERT INTO {ks}.mailbox (tenant, user_id, pos, conversation_seq, conversation_id, flags) "
-            "VALUES (?, ?, ?, ?, ?, ?)"
+            f"INSERT INTO {ks}.mailbox (tenant, shard, hour, user_id, pos, conversation_seq, conversation_id, flags) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
         )
+        hour = hour_of(time.time())
         bump = session.prepare(
             f"UPDATE {ks}.naive_unread SET unread = unread + 1 WHERE tenant=? AND user_id=? AND conversation_id=?"
         )
@@ -153,7 +154,7 @@ def naive_writer(c: CassandraSettings, members: list[str], messages: int, part: 
         def statements(tenant: str, users: list[str], pos: int) -> Iterator[tuple[Any, Any]]:
             for u in users:
                 if part != "counter":
-                    yield insert, (tenant, u, pos, pos, GROUP, 0)
+                    yield insert, (tenant, partition_shard(u.encode()), hour, u, pos, pos, GROUP, 0)
                 if part != "insert":
                     yield bump, (tenant, u, GROUP)
 

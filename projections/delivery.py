@@ -374,7 +374,7 @@ class DeliveryProjection:
         }
         entries = sum(len(b) for b in shards.values())
         versions = dict(m.shard_versions) if materialized is None else None
-        w.put_mailbox(tenant, MessageRefs(cid, position, seq, base, special, shards, versions))
+        w.put_mailbox(tenant, MessageRefs(cid, position, seq, base, special, shards, versions, e.at))
 
         # Gap transitions first (a narrow update of three columns, possibly for many
         # members at a switch), then the few full rows (sender, mentioned), which win.

@@ -30,6 +30,11 @@ MailboxEntry = tuple[str, int, int, str, int]
 ALL_TARGETS = frozenset({"mailbox", "state", "heads"})
 
 
+class StoreLayoutError(RuntimeError):
+    """A store written in a layout this build does not read (e.g. a Cassandra mailbox keyed by
+    member, before ADR-0038): its message says what to do. Never opened as if empty."""
+
+
 @dataclass(frozen=True)
 class MessageRefs:
     """The mailbox references of one message: every user in `shards` gets an entry
@@ -45,6 +50,7 @@ class MessageRefs:
     # shard -> version of that member list (bumped on join/leave), when the lists are the
     # conversation's standing member lists: a store may cache what it derives from them.
     versions: dict[int, int] | None = None
+    at: float = 0.0  # when the message was accepted (the event's time): a store may key by it
 
 
 class LogPosition(NamedTuple):

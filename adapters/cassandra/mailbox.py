@@ -1,16 +1,31 @@
 """Cassandra backend of the mailbox (UserMailboxEntry), the O(N) write of a message.
 
-One table, partition (tenant, user_id), clustering pos: a user's inbox query is one
-partition read. A message to N members is written as UNLOGGED batches of BATCH_ROWS
-rows (consecutive members of a MailboxShard list) with up to IN_FLIGHT batches in the
-air, never one round trip per member. Every row is an upsert of the same key (tenant,
-user, pos) with the same values and the same write timestamp (the message's log position,
-adapters/cassandra/stamps.py), so writing the same refs again changes nothing.
-docs/adr/0014-cassandra-data-model.md."""
+Partition (tenant, shard, hour), clustering (user_id, pos) (ADR-0038): `shard` is the
+member's MailboxShard among PARTITION_SHARDS (crc32, projections/sharding.py), `hour` the
+hour of the message's acceptance (`MessageRefs.at`, from the event: the same on every replay).
+Inside Cassandra each partition a batch touches is one mutation (~100 us of its CPU here), so
+a message to N members costs at most PARTITION_SHARDS mutations instead of N (PERFORMANCE.md
+section 19: 13-17 against 100-108 us of Cassandra CPU an entry). The hour bounds a partition
+(the rows of 1/PARTITION_SHARDS of a tenant's members for one hour). A message's rows come out
+grouped by partition, packed into UNLOGGED batches of BATCH_ROWS rows with up to IN_FLIGHT in
+the air: a large message's batches each touch one partition, a small message's rows share
+batches with its neighbours' as before.
+
+`mailbox_hours` keeps each tenant hour's last position (the cell with the highest position
+wins: its write timestamp is the stamp of that position). A cursor read (`read`) lists the
+tenant's hours from the newest back to the cursor, then reads the user's rows in those hours,
+oldest first, a few hours at a time, and stops once `limit` rows are certain to be the first:
+it assumes a message of hour h has a greater position than every message of hour h - MARGIN -
+1 or earlier, i.e. the replicas' clocks are within an hour of each other.
+
+Every row is an upsert of the same key with the same values and the same write timestamp (the
+message's log position, adapters/cassandra/stamps.py), so writing the same refs again changes
+nothing. docs/adr/0014-cassandra-data-model.md, docs/adr/0038-mailbox-partitions-by-shard.md."""
 
 from __future__ import annotations
 
 import struct
+import zlib
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -18,20 +33,46 @@ from cassandra.cluster import Session
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from adapters.cassandra.connect import ClusterSettings, Connection, open_session, run
-from adapters.cassandra.schema import MAILBOX_TABLE
+from adapters.cassandra.schema import MAILBOX_TABLES
 from adapters.cassandra.stamps import stamp
 from projections.ports import MailboxEntry, MessageRefs
 
 BATCH_ROWS = 100  # rows per UNLOGGED batch (100 x ~60 bytes: far below the 64 KiB size warning)
 IN_FLIGHT = 200  # batches in the air at once
+PARTITION_SHARDS = 1024  # partitions of a tenant's hour (ADR-0038; measured against 256: section 19)
+HOUR = 3600.0  # seconds of a partition's hour
+MARGIN = 2  # hours a cursor read reads past what it returns (clock skew between replicas)
+READ_WINDOW = 8  # hours read at once by a cursor read
 INSERT_ENTRY = (
-    "INSERT INTO {ks}.mailbox (tenant, user_id, pos, conversation_seq, conversation_id, flags) "
-    "VALUES (?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"  # the message's log position (stamps.py)
+    "INSERT INTO {ks}.mailbox (tenant, shard, hour, user_id, pos, conversation_seq, conversation_id, flags) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"  # the message's log position (stamps.py)
 )
+MARK_HOUR = "UPDATE {ks}.mailbox_hours USING TIMESTAMP ? SET last_pos = ? WHERE tenant = ? AND hour = ?"
 
 
 _BIGINT = struct.Struct(">q")
 _INT = struct.Struct(">i")
+
+
+def hour_of(at: float) -> int:
+    """The hour (since the epoch) of a message accepted at `at` (seconds)."""
+    return int(at // HOUR)
+
+
+def partition_shard(user: bytes) -> int:
+    """The member's shard among PARTITION_SHARDS (projections.sharding.shard_of, on bytes)."""
+    return zlib.crc32(user) % PARTITION_SHARDS
+
+
+class Statements(NamedTuple):
+    """The mailbox's writes, prepared on a session (the views' or the store's own)."""
+
+    insert: PreparedStatement
+    mark_hour: PreparedStatement
+
+    @classmethod
+    def prepare(cls, session: Session, keyspace: str) -> Statements:
+        return cls(session.prepare(INSERT_ENTRY.format(ks=keyspace)), session.prepare(MARK_HOUR.format(ks=keyspace)))
 
 
 class EncodedRow(NamedTuple):
@@ -84,11 +125,16 @@ class CassandraMailbox:
         self.keyspace = keyspace
         self._connection = connection
         ks = keyspace
-        self._insert: PreparedStatement = session.prepare(INSERT_ENTRY.format(ks=ks))
+        self.statements = Statements.prepare(session, ks)
         self._read: PreparedStatement = session.prepare(
             f"SELECT pos, conversation_seq, conversation_id, flags FROM {ks}.mailbox "
-            "WHERE tenant=? AND user_id=? AND pos>? AND pos<=? LIMIT ?"
+            "WHERE tenant=? AND shard=? AND hour=? AND user_id=? AND pos>? AND pos<=? LIMIT ?"
         )
+        self._hours: PreparedStatement = session.prepare(
+            f"SELECT hour, last_pos FROM {ks}.mailbox_hours WHERE tenant=? ORDER BY hour DESC"
+        )
+        self._hours.fetch_size = 100
+        self.read_window = READ_WINDOW  # hours a cursor read reads at once (tests make it 1)
 
     @classmethod
     def connect(
@@ -110,7 +156,7 @@ class CassandraMailbox:
     def from_settings(cls, settings: Any, *, reactor: str = "libev") -> CassandraMailbox:
         """A mailbox on a session of its own (connect.open_session: the keyspace and the table
         created if absent), which it owns; `settings`: fanout.urls.CassandraSettings."""
-        connection = open_session(settings, tables=(MAILBOX_TABLE,), reactor=reactor)
+        connection = open_session(settings, tables=MAILBOX_TABLES, reactor=reactor)
         try:
             return cls(connection.session, settings.keyspace, connection=connection)
         except BaseException:
@@ -119,29 +165,63 @@ class CassandraMailbox:
 
     # -- writing -------------------------------------------------------------------
 
-    def rows(self, tenant: str, refs: MessageRefs, insert: PreparedStatement | None = None) -> Iterator[EncodedRow]:
+    def rows(self, tenant: str, refs: MessageRefs, statements: Statements | None = None) -> Iterator[EncodedRow]:
         """The insert of each entry, its values serialized here (6.2 -> 0.2 us a row of client
-        CPU against BatchStatement.add binding each one; measured, ADR-0025): consecutive
-        members of each shard list. The views' unit of work packs them into its first round
-        with the other member-keyed rows, with `insert` (INSERT_ENTRY prepared on its session)."""
-        query_id = (insert or self._insert).query_id
+        CPU against BatchStatement.add binding each one; measured, ADR-0025), grouped by
+        partition (a large message's rows of one shard come out together, so a batch of them
+        is one mutation). The views' unit of work packs them into its first round with the
+        other member-keyed rows, with `statements` prepared on its session; `hour_rows` gives
+        the hours' rows of the same messages."""
+        query_id = (statements or self.statements).insert.query_id
         t, cid = tenant.encode(), refs.conversation_id.encode()
         pos, seq, ts = _BIGINT.pack(refs.pos), _BIGINT.pack(refs.seq), _BIGINT.pack(stamp(refs.pos))
+        hour = _BIGINT.pack(hour_of(refs.at))
         flag_cells = {refs.flags: _INT.pack(refs.flags)}
         special, plain = refs.special, flag_cells[refs.flags]
-        for shard in sorted(refs.shards):
-            for u in refs.shards[shard]:
+        by_shard: dict[int, list[tuple[bytes, bytes]]] = {}
+        for users in refs.shards.values():
+            for u in users:
                 user = u.encode()
                 if u in special:
                     f = special[u]
                     cell = flag_cells.get(f) or flag_cells.setdefault(f, _INT.pack(f))
                 else:
                     cell = plain
-                yield EncodedRow(query_id, [t, user, pos, seq, cid, cell, ts], (t, user))
+                shard = zlib.crc32(user) % PARTITION_SHARDS
+                got = by_shard.get(shard)
+                if got is None:
+                    by_shard[shard] = [(user, cell)]
+                else:
+                    got.append((user, cell))
+        for shard in sorted(by_shard):
+            shard_cell = _INT.pack(shard)
+            key = (t, shard_cell, hour)
+            for user, cell in by_shard[shard]:
+                yield EncodedRow(query_id, [t, shard_cell, hour, user, pos, seq, cid, cell, ts], key)
+
+    def hour_rows(
+        self, messages: Iterable[tuple[str, MessageRefs]], statements: Statements | None = None
+    ) -> list[EncodedRow]:
+        """Each (tenant, hour)'s last position among `messages` (one row each, stamped with that
+        position: the highest position written to an hour wins, whoever writes it last)."""
+        query_id = (statements or self.statements).mark_hour.query_id
+        last: dict[tuple[str, int], int] = {}
+        for tenant, refs in messages:
+            if not refs.shards:
+                continue
+            key = (tenant, hour_of(refs.at))
+            if last.get(key, -1) < refs.pos:
+                last[key] = refs.pos
+        out = []
+        for (tenant, hour), pos in sorted(last.items()):
+            t = tenant.encode()
+            out.append(EncodedRow(query_id, [_BIGINT.pack(stamp(pos)), _BIGINT.pack(pos), t, _BIGINT.pack(hour)], (t,)))
+        return out
 
     def batches(self, tenant: str, refs: MessageRefs) -> Iterator[BatchStatement]:
-        """UNLOGGED batches of BATCH_ROWS rows, packed across shard lists."""
-        for batch, _ in grouped(self.rows(tenant, refs), BATCH_ROWS, self.keyspace):
+        """UNLOGGED batches of BATCH_ROWS rows (grouped by partition), then the hour's row."""
+        rows = [*self.rows(tenant, refs), *self.hour_rows([(tenant, refs)])]
+        for batch, _ in grouped(rows, BATCH_ROWS, self.keyspace):
             yield batch
 
     def write(self, tenant: str, refs: MessageRefs) -> int:
@@ -151,10 +231,42 @@ class CassandraMailbox:
     # -- reading -------------------------------------------------------------------
 
     def read(self, tenant: str, user_id: str, after: int, until: int, limit: int) -> list[MailboxEntry]:
+        """The user's entries with after < pos <= until, the first `limit` in pos order: the
+        tenant's hours that may hold them (module doc), then the user's rows of those hours,
+        READ_WINDOW hours at a time, oldest first, until `limit` rows are certain."""
         if limit <= 0 or until <= after:
             return []
-        rows = self.session.execute(self._read, (tenant, user_id, after, until, limit))
-        return [(user_id, r["pos"], r["conversation_seq"], r["conversation_id"], r["flags"]) for r in rows]
+        listing: list[tuple[int, int]] = []  # (hour, last position), newest first
+        older = 0
+        for hour, last in self.session.execute(self._hours, (tenant,), execution_profile="tuple-rows"):
+            listing.append((hour, last))
+            older = older + 1 if last <= after else 0
+            if older > MARGIN:
+                break
+        listing.reverse()
+        hours = [h for h, last in listing if last > after]
+        shard = partition_shard(user_id.encode())
+        found: list[tuple[int, int, str, int]] = []
+        step = self.read_window
+        for i in range(0, len(hours), step):
+            window = hours[i : i + step]
+            futures = [
+                self.session.execute_async(
+                    self._read, (tenant, shard, h, user_id, after, until, limit), execution_profile="tuple-rows"
+                )
+                for h in window
+            ]
+            for f in futures:
+                found.extend(f.result())
+            if i + step >= len(hours):
+                break
+            # every row of a later hour comes after the last position of any hour MARGIN
+            # hours before it: the rows at or below that are final
+            bound = max((last for h, last in listing if h <= window[-1] - MARGIN), default=None)
+            if bound is not None and sum(1 for r in found if r[0] <= bound) >= limit:
+                break
+        found.sort()
+        return [(user_id, pos, seq, cid, flags) for pos, seq, cid, flags in found[:limit]]
 
     def count(self) -> int:
         """A scan of the table (tools and tests)."""
@@ -164,7 +276,8 @@ class CassandraMailbox:
     def all_entries(self) -> Iterator[tuple[str, str, int, int, str, int]]:
         """A scan of the table, sorted here (the table is in token order)."""
         rows = self.session.execute(
-            f"SELECT tenant, user_id, pos, conversation_seq, conversation_id, flags FROM {self.keyspace}.mailbox",
+            "SELECT tenant, user_id, pos, conversation_seq, conversation_id, flags "
+            f"FROM {self.keyspace}.mailbox",
             timeout=300,
         )
         yield from sorted(

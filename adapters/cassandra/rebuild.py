@@ -37,7 +37,12 @@ from adapters.cassandra.stamps import RANK_REBUILD, stamp
 from projections.ports import AsideProgress, StaleAside, StoreDiff, Swapped, ViewStore
 from projections.rows import DELIVERY_RUNTIME
 
-TABLES: tuple[str, ...] = (*TARGET_TABLES["heads"][:5], *TARGET_TABLES["state"], *TARGET_TABLES["heads"][5:], "mailbox")
+TABLES: tuple[str, ...] = (
+    *TARGET_TABLES["heads"][:5],
+    *TARGET_TABLES["state"],
+    *TARGET_TABLES["heads"][5:],
+    *TARGET_TABLES["mailbox"],
+)
 
 # Runtime facts, not derived from the log: ignored by verify, carried over by a merge.
 # (delivery: when and to how many online devices the message was first pushed; reviews:

@@ -10,6 +10,8 @@ from collections.abc import Iterator, Sequence
 
 from cassandra.cluster import Session
 
+from projections.ports import StoreLayoutError
+
 _STATE_TYPES = """read_conversation_seq bigint, joined_seq bigint, last_active double,
     delivered_conversation_seq bigint, skipping int, gap_end bigint, rebuilt_seq bigint,
     mention_seqs text, broadcast_base bigint"""
@@ -60,19 +62,31 @@ TABLES: tuple[str, ...] = (
     PRIMARY KEY (partition)) WITH ID = {id}""",
 )
 
+# The mailbox (ADR-0038): a partition per (tenant, MailboxShard of the member, hour of the
+# message), so a message to N members is at most PARTITION_SHARDS mutations inside Cassandra
+# instead of N; `mailbox_hours` holds each tenant hour's last position, which a cursor read
+# walks (adapters/cassandra/mailbox.py).
 MAILBOX_TABLE = """
 CREATE TABLE IF NOT EXISTS {ks}.mailbox (
-    tenant text, user_id text, pos bigint,
+    tenant text, shard int, hour bigint, user_id text, pos bigint,
     conversation_seq bigint, conversation_id text, flags int,
-    PRIMARY KEY ((tenant, user_id), pos)
-) WITH CLUSTERING ORDER BY (pos ASC) AND ID = {id}"""
+    PRIMARY KEY ((tenant, shard, hour), user_id, pos)
+) WITH CLUSTERING ORDER BY (user_id ASC, pos ASC) AND ID = {id}"""
 
-ALL_TABLES: tuple[str, ...] = (*TABLES, MAILBOX_TABLE)  # the views' tables and the mailbox's
+MAILBOX_HOURS_TABLE = """
+CREATE TABLE IF NOT EXISTS {ks}.mailbox_hours (
+    tenant text, hour bigint, last_pos bigint,
+    PRIMARY KEY ((tenant), hour)
+) WITH CLUSTERING ORDER BY (hour ASC) AND ID = {id}"""
+
+MAILBOX_TABLES: tuple[str, ...] = (MAILBOX_TABLE, MAILBOX_HOURS_TABLE)
+
+ALL_TABLES: tuple[str, ...] = (*TABLES, *MAILBOX_TABLES)  # the views' tables and the mailbox's
 
 
 # The tables each part of the views writes (the mailbox is a table of the keyspace here).
 TARGET_TABLES: dict[str, tuple[str, ...]] = {
-    "mailbox": ("mailbox",),
+    "mailbox": ("mailbox", "mailbox_hours"),
     "state": ("conversation_states", "user_states", "login_index"),
     "heads": (
         "heads",
@@ -100,6 +114,26 @@ def tables_by_name(tables: Sequence[str]) -> Iterator[tuple[str, str]]:
         yield ddl.split("(", 1)[0].split()[-1].split(".")[-1], ddl
 
 
+class OldMailboxLayout(StoreLayoutError):
+    """The keyspace's mailbox table is keyed by member (before ADR-0038)."""
+
+
+def refuse_old_mailbox(session: Session, keyspace: str) -> None:
+    """A keyspace made before ADR-0038 has a `mailbox` table keyed (tenant, user_id): CREATE
+    ... IF NOT EXISTS would keep it and every write would fail on its missing columns, or its
+    entries would be read as absent. Refused with what to do instead."""
+    rows = session.execute(
+        "SELECT column_name FROM system_schema.columns WHERE keyspace_name=%s AND table_name='mailbox'", (keyspace,)
+    )
+    columns = {r["column_name"] if isinstance(r, dict) else r[0] for r in rows}
+    if columns and "shard" not in columns:
+        raise OldMailboxLayout(
+            f"Cassandra keyspace {keyspace} holds the mailbox table of the layout before ADR-0038 (a partition "
+            "per member). Point FANOUT_VIEWS at a new keyspace and let the workers build the views from the "
+            "log (or `fanout rebuild all` there), then drop this one: docs/adr/0038-mailbox-partitions-by-shard.md"
+        )
+
+
 def create_schema(session: Session, keyspace: str, replication: int, datacenter: str, tables: Sequence[str]) -> None:
     """The keyspace and `tables` if absent: idempotent, harmless when two processes race
     (IF NOT EXISTS and name-derived table ids); waits for schema agreement. Replication
@@ -109,6 +143,8 @@ def create_schema(session: Session, keyspace: str, replication: int, datacenter:
     else:
         strategy = f"{{'class': 'SimpleStrategy', 'replication_factor': {replication}}}"
     session.execute(f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {strategy}", timeout=120)
+    if any(name == "mailbox" for name, _ in tables_by_name(tables)):
+        refuse_old_mailbox(session, keyspace)
     for name, ddl in tables_by_name(tables):
         session.execute(ddl.format(ks=keyspace, id=table_id(keyspace, name)), timeout=120)
     # Session.wait_for_schema_agreement reads schema_version as an attribute: with rows

@@ -36,7 +36,7 @@ from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.query import PreparedStatement
 
 from adapters.cassandra.connect import TUPLE_ROWS, Connection, open_session, run
-from adapters.cassandra.mailbox import INSERT_ENTRY, CassandraMailbox, Row, grouped
+from adapters.cassandra.mailbox import CassandraMailbox, Row, Statements, grouped
 from adapters.cassandra.schema import TABLES
 from adapters.cassandra.stamps import stamp
 from adapters.cassandra.writer import (
@@ -183,8 +183,8 @@ class CassandraViews:
         self._cassandra_mailbox: CassandraMailbox | None = (
             inner if isinstance(inner, CassandraMailbox) and inner.keyspace == keyspace else None
         )
-        self._mailbox_insert: PreparedStatement | None = (
-            p(INSERT_ENTRY.format(ks=ks)) if self._cassandra_mailbox is not None else None
+        self._mailbox_statements: Statements | None = (
+            Statements.prepare(session, ks) if self._cassandra_mailbox is not None else None
         )
         self._r: dict[str, PreparedStatement] = {
             "position": p(f"SELECT position FROM {ks}.tracking WHERE projection=? AND partition=?"),
@@ -283,6 +283,8 @@ class CassandraViews:
         rows_a: list[Row] = []
         for tenant, refs in w.mailbox:
             rows_a.extend(self._mailbox_rows(tenant, refs))
+        if self._cassandra_mailbox is not None and w.mailbox:
+            rows_a.extend(self._cassandra_mailbox.hour_rows(w.mailbox, self._mailbox_statements))
         rows_a.extend(members)
         unindex: list[Row] = []  # the login index: member-keyed, round A; the rows moved from, after it
         for (t, u, c), (bucket, drops) in w.activity.items():
@@ -305,7 +307,7 @@ class CassandraViews:
         started = time.perf_counter()
         run(self.session, grouped(rows_a, MEMBER_BATCH_ROWS, self.keyspace), self.in_flight)
         observe = getattr(self.mailbox, "observe", None)
-        if observe is not None and self._mailbox_insert is not None and w.mailbox:
+        if observe is not None and self._mailbox_statements is not None and w.mailbox:
             largest = max(sum(len(b) for b in refs.shards.values()) for _, refs in w.mailbox)
             observe(time.perf_counter() - started, w.mailbox_entries, largest)
         if unindex:  # after the rows moved to: a login read never misses a conversation in between
@@ -330,8 +332,10 @@ class CassandraViews:
         )
 
     def _mailbox_rows(self, tenant: str, refs: MessageRefs) -> Iterable[Row]:
-        if self._mailbox_insert is not None and self._cassandra_mailbox is not None:
-            return self._cassandra_mailbox.rows(tenant, refs, self._mailbox_insert)  # this keyspace's table: round A
+        if self._mailbox_statements is not None and self._cassandra_mailbox is not None:
+            return self._cassandra_mailbox.rows(
+                tenant, refs, self._mailbox_statements
+            )  # this keyspace's table: round A
         self.mailbox.write(tenant, refs)  # another store: written (and flushed) before round A
         self.mailbox.flush()
         return ()

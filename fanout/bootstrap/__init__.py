@@ -41,6 +41,7 @@ from fanout.bootstrap.stores import (
 )
 from fanout.config import Settings, is_distributed
 from fanout.runtime import Runtime
+from projections.ports import StoreLayoutError
 
 __all__ = [
     "EMBEDDED_ENGINES",
@@ -49,6 +50,7 @@ __all__ = [
     "DataDirLock",
     "NoMailbox",
     "ShardCountMismatch",
+    "StoreLayoutError",
     "bootstrap",
     "bootstrap_distributed",
     "log_partitions",

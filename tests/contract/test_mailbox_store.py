@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from adapters.cassandra.mailbox import CassandraMailbox
-from adapters.cassandra.schema import MAILBOX_TABLE
+from adapters.cassandra.schema import MAILBOX_TABLES
 from adapters.memory import MemoryMailbox
 from adapters.rocksdb.mailbox import RocksMailbox, ShardCountMismatch
 from adapters.sqlite.mailbox import SqliteMailbox
@@ -25,12 +25,18 @@ SHARDS = 4
 
 
 def refs(
-    cid: str, pos: int, seq: int, users: list[str], flags: int = 0, special: dict[str, int] | None = None
+    cid: str,
+    pos: int,
+    seq: int,
+    users: list[str],
+    flags: int = 0,
+    special: dict[str, int] | None = None,
+    at: float = 0.0,
 ) -> MessageRefs:
     by: dict[int, list[str]] = {}
     for u in sorted(users):
         by.setdefault(shard_of(u, SHARDS), []).append(u)
-    return MessageRefs(cid, pos, seq, flags, special or {}, by)
+    return MessageRefs(cid, pos, seq, flags, special or {}, by, at=at)
 
 
 class MailboxContract:
@@ -86,30 +92,49 @@ class MailboxContract:
             ("t2", "x", 2, 7, "d", 16),
         ]
 
-    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.differing_executors])
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.differing_executors])
     @given(
         writes=st.lists(
             st.tuples(
-                st.sampled_from(["t", "u"]), st.sets(st.sampled_from(["a", "b", "ab", "b\u00e9", "z9"]), min_size=1)
+                st.sampled_from(["t", "u"]),
+                st.sets(st.sampled_from(["a", "b", "ab", "b\u00e9", "z9"]), min_size=1),
+                st.sampled_from([0.0, 0.1, 0.5, 1.0, 1.5, 2.0, 30.0]),  # hours since the previous send
+                st.floats(-0.99, 0.99),  # the accepting replica's clock error, in hours
             ),
             min_size=1,
-            max_size=12,
+            max_size=16,
         ),
-        after=st.integers(0, 14),
+        after=st.integers(0, 18),
+        until=st.integers(0, 18),
+        limit=st.integers(1, 5),
+    )
+    # clock errors that put a later position an hour, then two hours, before an earlier one
+    @example(writes=[("t", {"a"}, 0.5, 0.0), ("u", {"a"}, 0.0, 0.5), ("u", {"a"}, 0.0, 0.0)], after=0, until=3, limit=1)
+    @example(
+        writes=[("t", {"a"}, 1.5, 0.99), ("t", {"a"}, 0.0, -0.99), ("t", {"a"}, 0.0, -0.3)], after=0, until=3, limit=1
     )
     def test_reads_equal_a_reference_model(
-        self, tmp_path_factory: pytest.TempPathFactory, writes: list[tuple[str, set[str]]], after: int
+        self,
+        tmp_path_factory: pytest.TempPathFactory,
+        writes: list[tuple[str, set[str], float, float]],
+        after: int,
+        until: int,
+        limit: int,
     ) -> None:
+        """Any sends, each accepted some hours after the last by a replica whose clock is off by
+        up to an hour (a store may key by the message's time: Cassandra's hours, ADR-0038)."""
         store = self.make(tmp_path_factory.mktemp("model") / "mailbox")
         try:
             model: dict[tuple[str, str], list[int]] = {}
-            for pos, (tenant, users) in enumerate(writes, start=1):
-                store.write(tenant, refs("c", pos, pos, sorted(users)))
+            now = 472_222 * 3600.0  # on an hour
+            for pos, (tenant, users, hours, skew) in enumerate(writes, start=1):
+                now += hours * 3600
+                store.write(tenant, refs("c", pos, pos, sorted(users), at=now + skew * 3600))
                 for u in users:
                     model.setdefault((tenant, u), []).append(pos)
             for (tenant, u), positions in model.items():
-                expected = [p for p in positions if p > after][:5]
-                assert [e[1] for e in store.read(tenant, u, after, 100, 5)] == expected
+                expected = [p for p in positions if after < p <= until][:limit]
+                assert [e[1] for e in store.read(tenant, u, after, until, limit)] == expected
         finally:
             store.close()
 
@@ -144,7 +169,7 @@ class TestMemoryMailbox(MailboxContract):
 
 @pytest.fixture(scope="class")
 def mailbox_keyspace(engines: dict[str, str]) -> Iterator[CassandraKeyspace]:
-    ks = CassandraKeyspace(engines["FANOUT_VIEWS"], (MAILBOX_TABLE,))
+    ks = CassandraKeyspace(engines["FANOUT_VIEWS"], MAILBOX_TABLES)
     yield ks
     ks.close()
 
@@ -157,7 +182,9 @@ class TestCassandraMailbox(MailboxContract):
         self.ks = mailbox_keyspace
 
     def make(self, path: Path) -> MailboxStore:
-        return self.ks.mailbox(clear=True)
+        store = self.ks.mailbox(clear=True)
+        store.read_window = 1  # a cursor read stops as early as it can: every stop is exercised
+        return store
 
     def test_a_message_to_many_members_is_written_in_grouped_batches(self) -> None:
         """Thousands of members: every entry lands once, in UNLOGGED batches of

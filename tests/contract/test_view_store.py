@@ -15,7 +15,7 @@ import pytest
 
 from adapters.cassandra.connect import open_cluster
 from adapters.cassandra.mailbox import CassandraMailbox
-from adapters.cassandra.schema import MAILBOX_TABLE, TABLES, create_schema
+from adapters.cassandra.schema import MAILBOX_TABLES, TABLES, create_schema
 from adapters.cassandra.views import CassandraViews
 from adapters.cassandra.writer import NO_SEQ
 from adapters.memory import MemoryViews
@@ -351,9 +351,7 @@ class PartitionedLogContract:
         assert views2.views_position("delivery") == 10
         assert [e[1] for e in views2.mailbox_page(T, "a", 0, 10)] == [10]
 
-    def test_a_unit_spanning_partitions_stamps_each_row_with_its_own_partitions_position(
-        self, views2: Any
-    ) -> None:
+    def test_a_unit_spanning_partitions_stamps_each_row_with_its_own_partitions_position(self, views2: Any) -> None:
         """A worker's take is one unit over its partitions. A later unit of partition 0 alone
         reaches a lower position than the earlier unit did on partition 1: its rows still
         replace partition 0's (a store ordering writes by one stamp per unit would keep the
@@ -406,7 +404,7 @@ class CassandraKeyspace:
     one session the stores of a test class share (keyspace creation costs seconds; a
     store made for a test starts from empty tables)."""
 
-    def __init__(self, base_url: str, tables: tuple[str, ...] = (*TABLES, MAILBOX_TABLE)) -> None:
+    def __init__(self, base_url: str, tables: tuple[str, ...] = (*TABLES, *MAILBOX_TABLES)) -> None:
         self.url = with_path(base_url, unique("t"))
         c = cassandra_settings(self.url)
         self.settings = c

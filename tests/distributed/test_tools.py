@@ -243,3 +243,53 @@ def test_demo_distributed_runs_end_to_end(
     assert "mention_only" in out and "WritePolicyChanged always -> mention_only" in out
     assert "relay and worker up" in err
     assert "could not drop" not in err
+
+
+# -- a keyspace of the mailbox layout before ADR-0038 -----------------------------------------
+
+
+def test_a_keyspace_with_the_old_mailbox_layout_is_refused_with_what_to_do(
+    fresh_postgres: str,
+    fresh_kafka: str,
+    fresh_cassandra: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A keyspace made before ADR-0038 keys its `mailbox` table by member: opened as it is,
+    the views would read its entries as absent (or every write would fail). The tools refuse
+    it in one line naming the keyspace and what to do, and change nothing in it."""
+    from cassandra.cluster import Cluster as DriverCluster
+
+    c = cassandra_settings(fresh_cassandra)
+    driver = DriverCluster(list(c.hosts), port=c.port, protocol_version=5)
+    try:
+        session = driver.connect()
+        session.execute(
+            f"CREATE KEYSPACE {c.keyspace} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': 1}}"
+        )
+        session.execute(
+            f"CREATE TABLE {c.keyspace}.mailbox (tenant text, user_id text, pos bigint, conversation_seq bigint, "
+            "conversation_id text, flags int, PRIMARY KEY ((tenant, user_id), pos))"
+        )
+        session.execute(
+            f"INSERT INTO {c.keyspace}.mailbox (tenant, user_id, pos, conversation_seq, conversation_id, flags) "
+            "VALUES ('acme', 'a', 1, 1, 'g', 0)"
+        )
+        use_engines(
+            monkeypatch,
+            {"FANOUT_EVENT_STORE": fresh_postgres, "FANOUT_LOG": fresh_kafka, "FANOUT_VIEWS": fresh_cassandra},
+        )
+        code, out, err = run(capsys, "verify")
+        assert code == 2, out + err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert c.keyspace in err and "ADR-0038" in err and "new keyspace" in err
+        tables = {
+            r[0]
+            for r in session.execute(
+                "SELECT table_name FROM system_schema.tables WHERE keyspace_name=%s", (c.keyspace,)
+            )
+        }
+        assert tables == {"mailbox"}  # nothing created beside it
+        assert session.execute(f"SELECT count(*) FROM {c.keyspace}.mailbox").one()[0] == 1
+    finally:
+        driver.shutdown()
