@@ -43,6 +43,7 @@ PARTITION_SHARDS = 1024  # partitions of a tenant's hour (ADR-0038; measured aga
 HOUR = 3600.0  # seconds of a partition's hour
 MARGIN = 2  # hours a cursor read reads past what it returns (clock skew between replicas)
 READ_WINDOW = 8  # hours read at once by a cursor read
+CACHED_LIST = 1000  # members of a MailboxShard list from which its partition grouping is cached
 INSERT_ENTRY = (
     "INSERT INTO {ks}.mailbox (tenant, shard, hour, user_id, pos, conversation_seq, conversation_id, flags) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"  # the message's log position (stamps.py)
@@ -98,19 +99,22 @@ def grouped(rows: Iterable[Row], size: int, keyspace: str) -> Iterator[tuple[Bat
     """UNLOGGED batches of `size` rows (grouped writes, not one round trip each); a batch is
     routed by its first row. An EncodedRow is appended as it is: the driver's batch keeps
     (prepared?, query id, serialized values) per statement (cassandra/query.py
-    BatchStatement._add_statement_and_params, which BatchStatement.add calls after binding)."""
+    BatchStatement._add_statement_and_params, which BatchStatement.add calls after binding;
+    appended here without the call, `size` being far below its limit of 0xFFFF)."""
     batch, n = BatchStatement(batch_type=BatchType.UNLOGGED), 0
+    add = batch._statements_and_parameters.append  # what _add_statement_and_params does, size < 0xFFFF
     for row in rows:
-        if isinstance(row, EncodedRow):
+        if type(row) is EncodedRow:
             if n == 0:
                 batch.routing_key, batch.keyspace = routing_key(row.key), keyspace
-            batch._add_statement_and_params(True, row.query_id, row.values)
+            add((True, row.query_id, row.values))
         else:
             batch.add(*row)
         n += 1
         if n == size:
             yield batch, None
             batch, n = BatchStatement(batch_type=BatchType.UNLOGGED), 0
+            add = batch._statements_and_parameters.append
     if n:
         yield batch, None
 
@@ -135,6 +139,8 @@ class CassandraMailbox:
         )
         self._hours.fetch_size = 100
         self.read_window = READ_WINDOW  # hours a cursor read reads at once (tests make it 1)
+        # (tenant, conversation, MailboxShard) -> (list version, members, [(partition cell, members)])
+        self._partition_lists: dict[tuple[str, str, int], tuple[int, int, list[tuple[bytes, list[bytes]]]]] = {}
 
     @classmethod
     def connect(
@@ -177,27 +183,44 @@ class CassandraMailbox:
         pos, seq, ts = _BIGINT.pack(refs.pos), _BIGINT.pack(refs.seq), _BIGINT.pack(stamp(refs.pos))
         hour = _BIGINT.pack(hour_of(refs.at))
         flag_cells = {refs.flags: _INT.pack(refs.flags)}
-        special, plain = refs.special, flag_cells[refs.flags]
-        by_shard: dict[int, list[tuple[bytes, bytes]]] = {}
-        for users in refs.shards.values():
-            for u in users:
-                user = u.encode()
-                if u in special:
-                    f = special[u]
-                    cell = flag_cells.get(f) or flag_cells.setdefault(f, _INT.pack(f))
-                else:
-                    cell = plain
-                shard = zlib.crc32(user) % PARTITION_SHARDS
-                got = by_shard.get(shard)
-                if got is None:
-                    by_shard[shard] = [(user, cell)]
-                else:
-                    got.append((user, cell))
-        for shard in sorted(by_shard):
-            shard_cell = _INT.pack(shard)
-            key = (t, shard_cell, hour)
-            for user, cell in by_shard[shard]:
-                yield EncodedRow(query_id, [t, shard_cell, hour, user, pos, seq, cid, cell, ts], key)
+        plain = flag_cells[refs.flags]
+        special = {u.encode(): f for u, f in refs.special.items()}
+        for shard in sorted(refs.shards):
+            for cell, users in self._partitions(tenant, refs, shard):
+                key = (t, cell, hour)
+                for user in users:
+                    if special and user in special:
+                        f = special[user]
+                        flag = flag_cells.get(f) or flag_cells.setdefault(f, _INT.pack(f))
+                    else:
+                        flag = plain
+                    yield EncodedRow(query_id, [t, cell, hour, user, pos, seq, cid, flag, ts], key)
+
+    def _partitions(self, tenant: str, refs: MessageRefs, shard: int) -> list[tuple[bytes, list[bytes]]]:
+        """One MailboxShard list's members, encoded and grouped by partition shard (its cell):
+        cached per member-list version for lists of CACHED_LIST members or more (ADR-0004's
+        cache, as adapters/rocksdb/mailbox.py keeps it), so a large group's message only
+        builds its rows."""
+        users = refs.shards[shard]
+        version = refs.versions.get(shard) if refs.versions is not None else None
+        key = (tenant, refs.conversation_id, shard)
+        if version is not None:
+            cached = self._partition_lists.get(key)
+            if cached is not None and cached[0] == version and cached[1] == len(users):
+                return cached[2]
+        by_shard: dict[int, list[bytes]] = {}
+        for u in users:
+            user = u.encode()
+            p = zlib.crc32(user) % PARTITION_SHARDS
+            got = by_shard.get(p)
+            if got is None:
+                by_shard[p] = [user]
+            else:
+                got.append(user)
+        out = [(_INT.pack(p), by_shard[p]) for p in sorted(by_shard)]
+        if version is not None and len(users) >= CACHED_LIST:
+            self._partition_lists[key] = (version, len(users), out)
+        return out
 
     def hour_rows(
         self, messages: Iterable[tuple[str, MessageRefs]], statements: Statements | None = None
@@ -276,8 +299,7 @@ class CassandraMailbox:
     def all_entries(self) -> Iterator[tuple[str, str, int, int, str, int]]:
         """A scan of the table, sorted here (the table is in token order)."""
         rows = self.session.execute(
-            "SELECT tenant, user_id, pos, conversation_seq, conversation_id, flags "
-            f"FROM {self.keyspace}.mailbox",
+            f"SELECT tenant, user_id, pos, conversation_seq, conversation_id, flags FROM {self.keyspace}.mailbox",
             timeout=300,
         )
         yield from sorted(

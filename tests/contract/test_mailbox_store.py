@@ -32,11 +32,12 @@ def refs(
     flags: int = 0,
     special: dict[str, int] | None = None,
     at: float = 0.0,
+    versions: dict[int, int] | None = None,
 ) -> MessageRefs:
     by: dict[int, list[str]] = {}
     for u in sorted(users):
         by.setdefault(shard_of(u, SHARDS), []).append(u)
-    return MessageRefs(cid, pos, seq, flags, special or {}, by, at=at)
+    return MessageRefs(cid, pos, seq, flags, special or {}, by, versions, at=at)
 
 
 class MailboxContract:
@@ -200,6 +201,28 @@ class TestCassandraMailbox(MailboxContract):
         assert store.count() == 5000
         assert store.read("t", "user00042", 0, 7, 5) == [("user00042", 7, 3, "big", 1)]
         assert store.read("t", "user04999", 0, 6, 5) == []
+
+    def test_a_large_member_list_cached_by_version_follows_joins_and_leaves(self) -> None:
+        """A MailboxShard list of CACHED_LIST members or more is grouped by partition once per
+        version (ADR-0038): a join or a leave (a new version of that list) is seen by the next
+        message, and a special member's flags still come per message."""
+        from adapters.cassandra.mailbox import CACHED_LIST
+
+        store = self.make(Path("unused"))
+        users = [f"m{i:05d}" for i in range(CACHED_LIST * SHARDS + 50)]
+        versions = dict.fromkeys(range(SHARDS), 1)
+        store.write("t", refs("big", 1, 1, users, versions=versions, special={"m00003": 1}))
+        joined = [*users, "zz-new"]
+        versions = {**versions, shard_of("zz-new", SHARDS): 2}
+        store.write("t", refs("big", 2, 2, joined, versions=versions))
+        left = [u for u in joined if u != "m00007"]
+        versions = {**versions, shard_of("m00007", SHARDS): 3}
+        store.write("t", refs("big", 3, 3, left, versions=versions, special={"m00009": 16}))
+        assert [e[1] for e in store.read("t", "zz-new", 0, 9, 9)] == [2, 3]
+        assert [e[1] for e in store.read("t", "m00007", 0, 9, 9)] == [1, 2]
+        assert [(e[1], e[4]) for e in store.read("t", "m00003", 0, 9, 9)] == [(1, 1), (2, 0), (3, 0)]
+        assert [(e[1], e[4]) for e in store.read("t", "m00009", 0, 9, 9)] == [(1, 0), (2, 0), (3, 16)]
+        assert store.count() == 3 * len(users) + 1  # the joiner in two messages, the leaver in two
 
     def test_a_mailbox_opened_from_the_url_creates_its_table_and_closes(self, fresh_cassandra: str) -> None:
         from fanout.urls import cassandra_settings
