@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from adapters.cassandra.mailbox import partition_shard
 from adapters.cassandra.stamps import stamp
 from cli.main import main
 from domain.params import Parameters
@@ -185,11 +186,19 @@ def test_verify_finds_a_corrupted_row_and_rebuild_restores_it(
     # wall-clock stamp would lose to the rows there and change nothing.
     last = rt.queries.mailbox(T, "u0100", 0, 100)["entries"][-1]["cursor"]
     ts = stamp(max(rt.views.positions().values()), 1)
+    shard = partition_shard(b"u0100")  # the entry's partition (ADR-0038): its hour from the row itself
+    mailbox: Any = getattr(rt.views.mailbox, "inner", rt.views.mailbox)
+    hour = mailbox.session.execute(
+        f"SELECT hour FROM {mailbox.keyspace}.mailbox WHERE tenant='{T}' AND shard={shard} AND user_id='u0100' "
+        f"AND pos={last} "
+        "ALLOW FILTERING"
+    ).one()["hour"]
     cql(
         cluster.urls["FANOUT_VIEWS"],
         f"UPDATE user_states USING TIMESTAMP {ts} SET read_conversation_seq=99 "
         f"WHERE tenant='{T}' AND user_id='u0020' AND conversation_id='big'",
-        f"DELETE FROM mailbox USING TIMESTAMP {ts} WHERE tenant='{T}' AND user_id='u0100' AND pos={last}",
+        f"DELETE FROM mailbox USING TIMESTAMP {ts} WHERE tenant='{T}' AND shard={shard} AND hour={hour} "
+        f"AND user_id='u0100' AND pos={last}",
         f"INSERT INTO heads_by_tenant (tenant, conversation_id, size_bucket) VALUES ('{T}', 'ghost', 'small') "
         f"USING TIMESTAMP {ts}",
     )
