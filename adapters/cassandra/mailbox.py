@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import struct
 import zlib
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator
+from itertools import accumulate
 from typing import Any, NamedTuple
 
 from cassandra.cluster import Session
@@ -268,6 +270,8 @@ class CassandraMailbox:
                 break
         listing.reverse()
         hours = [h for h, last in listing if last > after]
+        listed = [h for h, _ in listing]
+        highest = list(accumulate((last for _, last in listing), max))  # the last position up to each hour
         shard = partition_shard(user_id.encode())
         found: list[tuple[int, int, str, int]] = []
         step = self.read_window
@@ -285,8 +289,8 @@ class CassandraMailbox:
                 break
             # every row of a later hour comes after the last position of any hour MARGIN
             # hours before it: the rows at or below that are final
-            bound = max((last for h, last in listing if h <= window[-1] - MARGIN), default=None)
-            if bound is not None and sum(1 for r in found if r[0] <= bound) >= limit:
+            below = bisect_right(listed, window[-1] - MARGIN)
+            if below and sum(1 for r in found if r[0] <= highest[below - 1]) >= limit:
                 break
         found.sort()
         return [(user_id, pos, seq, cid, flags) for pos, seq, cid, flags in found[:limit]]
