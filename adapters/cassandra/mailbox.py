@@ -14,7 +14,7 @@ batches with its neighbours' as before.
 `mailbox_hours` keeps each tenant hour's last position (the cell with the highest position
 wins: its write timestamp is the stamp of that position). A cursor read (`read`) lists the
 tenant's hours from the newest back to the cursor, then reads the user's rows in those hours,
-oldest first, a few hours at a time, and stops once `limit` rows are certain to be the first:
+oldest first, READ_WINDOW hours a request, and stops once `limit` rows are certain to be the first:
 it assumes a message of hour h has a greater position than every message of hour h - MARGIN -
 1 or earlier, i.e. the replicas' clocks are within an hour of each other.
 
@@ -44,7 +44,7 @@ IN_FLIGHT = 200  # batches in the air at once
 PARTITION_SHARDS = 1024  # partitions of a tenant's hour (ADR-0038; measured against 256: section 19)
 HOUR = 3600.0  # seconds of a partition's hour
 MARGIN = 2  # hours a cursor read reads past what it returns (clock skew between replicas)
-READ_WINDOW = 8  # hours read at once by a cursor read
+READ_WINDOW = 32  # hours a cursor read reads in one request (`hour IN`)
 CACHED_LIST = 1000  # members of a MailboxShard list from which its partition grouping is cached
 INSERT_ENTRY = (
     "INSERT INTO {ks}.mailbox (tenant, shard, hour, user_id, pos, conversation_seq, conversation_id, flags) "
@@ -134,13 +134,13 @@ class CassandraMailbox:
         self.statements = Statements.prepare(session, ks)
         self._read: PreparedStatement = session.prepare(
             f"SELECT pos, conversation_seq, conversation_id, flags FROM {ks}.mailbox "
-            "WHERE tenant=? AND shard=? AND hour=? AND user_id=? AND pos>? AND pos<=? LIMIT ?"
-        )
+            "WHERE tenant=? AND shard=? AND hour IN ? AND user_id=? AND pos>? AND pos<=? PER PARTITION LIMIT ?"
+        )  # one request for a window of hours: each hour (partition) gives its first `limit` rows
         self._hours: PreparedStatement = session.prepare(
             f"SELECT hour, last_pos FROM {ks}.mailbox_hours WHERE tenant=? ORDER BY hour DESC"
         )
-        self._hours.fetch_size = 100
-        self.read_window = READ_WINDOW  # hours a cursor read reads at once (tests make it 1)
+        self._hours.fetch_size = 1000
+        self.read_window = READ_WINDOW  # hours a cursor read reads in one request (tests make it 1 or 2)
         # (tenant, conversation, MailboxShard) -> (list version, members, [(partition cell, members)])
         self._partition_lists: dict[tuple[str, str, int], tuple[int, int, list[tuple[bytes, list[bytes]]]]] = {}
 
@@ -258,7 +258,7 @@ class CassandraMailbox:
     def read(self, tenant: str, user_id: str, after: int, until: int, limit: int) -> list[MailboxEntry]:
         """The user's entries with after < pos <= until, the first `limit` in pos order: the
         tenant's hours that may hold them (module doc), then the user's rows of those hours,
-        READ_WINDOW hours at a time, oldest first, until `limit` rows are certain."""
+        READ_WINDOW hours a request, oldest first, until `limit` rows are certain."""
         if limit <= 0 or until <= after:
             return []
         listing: list[tuple[int, int]] = []  # (hour, last position), newest first
@@ -277,14 +277,10 @@ class CassandraMailbox:
         step = self.read_window
         for i in range(0, len(hours), step):
             window = hours[i : i + step]
-            futures = [
-                self.session.execute_async(
-                    self._read, (tenant, shard, h, user_id, after, until, limit), execution_profile="tuple-rows"
-                )
-                for h in window
-            ]
-            for f in futures:
-                found.extend(f.result())
+            rows = self.session.execute(
+                self._read, (tenant, shard, window, user_id, after, until, limit), execution_profile="tuple-rows"
+            )
+            found.extend(rows)
             if i + step >= len(hours):
                 break
             # every row of a later hour comes after the last position of any hour MARGIN

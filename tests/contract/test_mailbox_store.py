@@ -224,6 +224,24 @@ class TestCassandraMailbox(MailboxContract):
         assert [(e[1], e[4]) for e in store.read("t", "m00009", 0, 9, 9)] == [(1, 0), (2, 0), (3, 16)]
         assert store.count() == 3 * len(users) + 1  # the joiner in two messages, the leaver in two
 
+    def test_a_cursor_read_over_many_hours_reads_several_hours_a_request(self) -> None:
+        """40 hours of history, some hours empty for the reader: every window size and limit
+        gives the first entries after the cursor, in order (ADR-0038: `hour IN` a request)."""
+        store = self.make(Path("unused"))
+        base = 472_222 * 3600.0
+        mine = []
+        for pos in range(1, 81):  # two sends an hour; the reader in every third
+            users = ["other", "me"] if pos % 3 == 0 else ["other"]
+            store.write("t", refs("c", pos, pos, users, at=base + (pos // 2) * 3600 + 7))
+            if pos % 3 == 0:
+                mine.append(pos)
+        for window in (1, 2, 5, 32):
+            store.read_window = window  # type: ignore[attr-defined]
+            for after in (0, 10, 59, 80):
+                for limit in (1, 3, 100):
+                    expected = [p for p in mine if p > after][:limit]
+                    assert [e[1] for e in store.read("t", "me", after, 80, limit)] == expected, (window, after, limit)
+
     def test_a_mailbox_opened_from_the_url_creates_its_table_and_closes(self, fresh_cassandra: str) -> None:
         from fanout.urls import cassandra_settings
 
