@@ -22,15 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adapters.cassandra.mailbox import CassandraMailbox  # noqa: E402
+from bench.cassandra_mailbox_layouts import cassandra_cpu  # noqa: E402
 from projections.ports import MessageRefs  # noqa: E402
-
-ENGINES_DIR = Path(os.environ.get("FANOUT_ENGINES_DIR", "/tmp/fanout-engines"))
-
-
-def cassandra_cpu() -> float:
-    pid = int((ENGINES_DIR / "cassandra" / "cassandra.pid").read_text().split()[0])
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:

@@ -19,7 +19,7 @@
 * `binary_insert`: the recorders' INSERT sends its array of stored events in psycopg's
   binary format (ADR-0037): the library's statement lets psycopg pick the text format, whose
   composite dumper escapes every field (the state's bytea too) with regular expressions:
-  54 us an event against 7 us in binary, measured."""
+  65 us an event against 7.7 us in binary, measured (ADR-0037)."""
 
 from __future__ import annotations
 
