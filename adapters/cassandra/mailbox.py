@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 from cassandra.cluster import Session
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
-from adapters.cassandra.connect import ClusterSettings, Connection, open_session, run
+from adapters.cassandra.connect import TUPLE_ROWS, ClusterSettings, Connection, open_session, run
 from adapters.cassandra.schema import MAILBOX_TABLES
 from adapters.cassandra.stamps import stamp
 from projections.ports import MailboxEntry, MessageRefs
@@ -213,7 +213,7 @@ class CassandraMailbox:
         by_shard: dict[int, list[bytes]] = {}
         for u in users:
             user = u.encode()
-            p = zlib.crc32(user) % PARTITION_SHARDS
+            p = partition_shard(user)
             got = by_shard.get(p)
             if got is None:
                 by_shard[p] = [user]
@@ -263,7 +263,7 @@ class CassandraMailbox:
             return []
         listing: list[tuple[int, int]] = []  # (hour, last position), newest first
         older = 0
-        for hour, last in self.session.execute(self._hours, (tenant,), execution_profile="tuple-rows"):
+        for hour, last in self.session.execute(self._hours, (tenant,), execution_profile=TUPLE_ROWS):
             listing.append((hour, last))
             older = older + 1 if last <= after else 0
             if older > MARGIN:
@@ -278,7 +278,7 @@ class CassandraMailbox:
         for i in range(0, len(hours), step):
             window = hours[i : i + step]
             rows = self.session.execute(
-                self._read, (tenant, shard, window, user_id, after, until, limit), execution_profile="tuple-rows"
+                self._read, (tenant, shard, window, user_id, after, until, limit), execution_profile=TUPLE_ROWS
             )
             found.extend(rows)
             if i + step >= len(hours):

@@ -333,9 +333,8 @@ class CassandraViews:
 
     def _mailbox_rows(self, tenant: str, refs: MessageRefs) -> Iterable[Row]:
         if self._mailbox_statements is not None and self._cassandra_mailbox is not None:
-            return self._cassandra_mailbox.rows(
-                tenant, refs, self._mailbox_statements
-            )  # this keyspace's table: round A
+            # this keyspace's table: its rows ride round A
+            return self._cassandra_mailbox.rows(tenant, refs, self._mailbox_statements)
         self.mailbox.write(tenant, refs)  # another store: written (and flushed) before round A
         self.mailbox.flush()
         return ()
