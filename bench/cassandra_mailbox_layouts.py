@@ -47,7 +47,7 @@ def cassandra_cpu() -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def table(session: Session, ks: str, layout: str) -> str:
+def table(session: Session, ks: str, layout: str, row: str = "cells") -> str:
     if layout == "user":
         session.execute(
             f"CREATE TABLE {ks}.mailbox (tenant text, user_id text, pos bigint, conversation_seq bigint, "
@@ -57,9 +57,16 @@ def table(session: Session, ks: str, layout: str) -> str:
             f"INSERT INTO {ks}.mailbox (tenant, user_id, pos, conversation_seq, conversation_id, flags) "
             "VALUES (?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"
         )
+    if row == "blob":  # the entry's seq, conversation and flags in one cell
+        session.execute(
+            f"CREATE TABLE {ks}.mailbox (tenant text, shard int, user_id text, pos bigint, ref blob, "
+            "PRIMARY KEY ((tenant, shard), user_id, pos))"
+        )
+        return f"INSERT INTO {ks}.mailbox (tenant, shard, user_id, pos, ref) VALUES (?, ?, ?, ?, ?) USING TIMESTAMP ?"
+    clustering = ", conversation_seq, conversation_id, flags" if row == "key" else ""
     session.execute(
         f"CREATE TABLE {ks}.mailbox (tenant text, shard int, user_id text, pos bigint, conversation_seq bigint, "
-        "conversation_id text, flags int, PRIMARY KEY ((tenant, shard), user_id, pos))"
+        f"conversation_id text, flags int, PRIMARY KEY ((tenant, shard), user_id, pos{clustering}))"
     )
     return (
         f"INSERT INTO {ks}.mailbox (tenant, shard, user_id, pos, conversation_seq, conversation_id, flags) "
@@ -68,7 +75,7 @@ def table(session: Session, ks: str, layout: str) -> str:
 
 
 def batches(
-    layout: str, shards: int, query_id: bytes, ks: str, groups: list[list[str]], messages: int, size: int
+    layout: str, shards: int, query_id: bytes, ks: str, groups: list[list[str]], messages: int, size: int, row: str
 ) -> Iterator[tuple[BatchStatement, None]]:
     """The batches of every message, in message order: `user` packs consecutive members into
     batches of `size` rows (as CassandraMailbox does); `shard` gives each shard's rows of a
@@ -95,18 +102,24 @@ def batches(
                 b = BatchStatement(batch_type=BatchType.UNLOGGED)
                 b.routing_key, b.keyspace = routing_key((t, cell)), ks
                 for u in users[i : i + size]:
-                    b._add_statement_and_params(True, query_id, [t, cell, u.encode(), pos, seq, cid, flags, ts])
+                    if row == "blob":
+                        values = [t, cell, u.encode(), pos, seq + cid + flags, ts]
+                    else:
+                        values = [t, cell, u.encode(), pos, seq, cid, flags, ts]
+                    b._add_statement_and_params(True, query_id, values)
                 yield b, None
 
 
-def measure(session: Session, layout: str, shards: int, a: argparse.Namespace) -> tuple[float, float, int]:
+def measure(
+    session: Session, layout: str, shards: int, a: argparse.Namespace, row: str = "cells"
+) -> tuple[float, float, int]:
     ks = f"bench_layout_{uuid.uuid4().hex[:8]}"
     session.execute(f"CREATE KEYSPACE {ks} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': 1}}")
     try:
-        insert = session.prepare(table(session, ks, layout))
+        insert = session.prepare(table(session, ks, layout, row))
         users = [f"user{i:07d}" for i in range(a.members * a.groups)]
         groups = [users[g * a.members : (g + 1) * a.members] for g in range(a.groups)]
-        work = list(batches(layout, shards, insert.query_id, ks, groups, a.messages, a.batch_rows))
+        work = list(batches(layout, shards, insert.query_id, ks, groups, a.messages, a.batch_rows, row))
         rows = a.members * a.messages
         cpu0, t0 = cassandra_cpu(), time.perf_counter()
         execute_concurrent(session, work, concurrency=a.in_flight, raise_on_first_error=True)
@@ -126,20 +139,29 @@ def main() -> None:
     ap.add_argument("--batch-rows", type=int, default=100, help="rows an UNLOGGED batch at most (100)")
     ap.add_argument("--in-flight", type=int, default=200, help="batches in the air (200)")
     ap.add_argument("--rounds", type=int, default=2, help="times each layout runs, alternating (2)")
+    ap.add_argument(
+        "--rows",
+        default="cells",
+        help="the `shard` layout's row shapes, comma-separated: cells (seq, conversation, flags: three "
+        "cells, the project's), blob (the three in one cell), key (the three in the clustering key, no cell)",
+    )
+    ap.add_argument("--no-user", action="store_true", help="leave out the `user` layout")
     a = ap.parse_args()
     cluster = Cluster(["127.0.0.1"], port=a.port, protocol_version=5)
     session = cluster.connect()
     try:
-        layouts = [("user", 0)] + [("shard", int(s)) for s in a.shards.split(",")]
+        shapes = a.rows.split(",")
+        layouts = [] if a.no_user else [("user", 0, "cells")]
+        layouts += [("shard", int(s), r) for s in a.shards.split(",") for r in shapes]
         measure(session, "user", 0, argparse.Namespace(**{**vars(a), "messages": 1}))  # warm-up, not printed
         print(
             f"{a.messages} messages to groups of {a.members} ({a.members * a.messages:,} entries), "
             f"batches of <= {a.batch_rows} rows, {a.in_flight} in flight"
         )
         for r in range(a.rounds):
-            for layout, shards in layouts:
-                rate, cpu, n = measure(session, layout, shards, a)
-                name = "user (tenant, user_id)" if layout == "user" else f"shard (tenant, shard of {shards})"
+            for layout, shards, row in layouts:
+                rate, cpu, n = measure(session, layout, shards, a, row)
+                name = "user (tenant, user_id)" if layout == "user" else f"shard (tenant, shard of {shards}) {row}"
                 print(
                     f"  round {r + 1}  {name:32} {rate:9,.0f} entries/s  Cassandra {cpu:6.1f} us of CPU an entry"
                     f"  ({n:,} batches)",

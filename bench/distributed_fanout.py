@@ -24,7 +24,7 @@ many more). The admission gates and the backpressure limits are opened wide.
    a unit of work's mailbox entries are written (since commit 9194b1f; before it, when the
    commit started: a unit holds up to 200k entries, two 100k-member messages, so that was
    seconds early). The CPU each process used meanwhile, and the
-   driver's client floor (binding one message's batches without I/O, us per row).
+   client floor (encoding one message's batches without I/O, us per row; ADR-0039).
 4. Latency: --latency-messages more, one at a time: accepted (the 201 received) -> this
    process seeing the views hold it, and -> materialized_at of that message (see 3).
 5. The naive writer in the same run on the same Cassandra: for every member one prepared
@@ -107,22 +107,28 @@ def preload(c: CassandraSettings, n: int, per_message: int) -> None:
 
 
 def client_floor(c: CassandraSettings, members: list[str]) -> str:
-    """What the driver costs the worker per row before a byte is sent: building the grouped
-    writer's UNLOGGED batches of one message (CassandraMailbox.batches: the prepared INSERT
-    bound per member), timed here without executing them (best of 3)."""
+    """What the worker's client costs per row before a byte is sent: the grouped writer's
+    UNLOGGED batches of one message (CassandraMailbox.batches) encoded into protocol frames by
+    the session's protocol handler (adapters/cassandra/batches.py, ADR-0039), without
+    executing them (best of 3)."""
+    from cassandra import ConsistencyLevel
+    from cassandra.protocol import BatchMessage
+
     store = CassandraMailbox.from_settings(c)
     try:
         refs = MessageRefs(GROUP, 1, 1, 0, {}, grouped(members))
+        encode = store.session.client_protocol_handler.encode_message
         best = float("inf")
         for _ in range(3):
             t = time.perf_counter()
-            for _batch in store.batches(TENANT, refs):
-                pass
+            for b in store.batches(TENANT, refs):
+                message = BatchMessage(b.batch_type, b._statements_and_parameters, ConsistencyLevel.ONE)
+                encode(message, 1, 5, None, False, None)
             best = min(best, time.perf_counter() - t)
     finally:
         store.close()
-    return (f"client floor: binding one {len(members):,}-member message into UNLOGGED batches (no I/O) takes "
-            f"{best:.2f} s in one process = {best / len(members) * 1e6:.1f} us per row, "
+    return (f"client floor: one {len(members):,}-member message into encoded UNLOGGED batches (no I/O) takes "
+            f"{best:.3f} s in one process = {best / len(members) * 1e6:.2f} us per row, "
             f"a ceiling of {len(members) / best:,.0f} rows/s per worker process before any I/O")  # fmt: skip
 
 

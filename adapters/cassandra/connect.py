@@ -24,6 +24,7 @@ from cassandra.io.asyncioreactor import AsyncioConnection
 from cassandra.policies import DCAwareRoundRobinPolicy, ExponentialReconnectionPolicy, TokenAwarePolicy
 from cassandra.query import dict_factory, tuple_factory
 
+from adapters.cassandra import batches
 from adapters.cassandra.schema import ALL_TABLES, create_schema
 
 TIMEOUT = 30.0  # seconds per request
@@ -106,7 +107,8 @@ def open_cluster(
 ) -> tuple[Cluster, Session]:
     """A connected cluster and session with this module's settings (the caller shuts the
     cluster down; open_session wraps it in a Connection); the reactor: see _connection_class;
-    `compression` of the protocol's frames, lz4 or none (ADR-0032)."""
+    `compression` of the protocol's frames, lz4 or none (ADR-0032). The session writes the
+    batches of adapters/cassandra/batches.py."""
     if compression not in ("lz4", "none"):
         raise ValueError(f"compression={compression!r}: lz4 or none")
 
@@ -128,7 +130,9 @@ def open_cluster(
         compression="lz4" if compression == "lz4" else False,
     )
     try:
-        return cluster, cluster.connect()
+        session = cluster.connect()
+        batches.install(session)  # batches serialized by adapters/cassandra/batches.py (ADR-0039)
+        return cluster, session
     except BaseException:
         cluster.shutdown()
         raise

@@ -32,8 +32,9 @@ from itertools import accumulate
 from typing import Any, NamedTuple
 
 from cassandra.cluster import Session
-from cassandra.query import BatchStatement, BatchType, PreparedStatement
+from cassandra.query import BatchStatement, PreparedStatement
 
+from adapters.cassandra.batches import Encoded, cell, grouped, install, run_of, statement, template
 from adapters.cassandra.connect import TUPLE_ROWS, ClusterSettings, Connection, open_session, run
 from adapters.cassandra.schema import MAILBOX_TABLES
 from adapters.cassandra.stamps import stamp
@@ -78,18 +79,6 @@ class Statements(NamedTuple):
         return cls(session.prepare(INSERT_ENTRY.format(ks=keyspace)), session.prepare(MARK_HOUR.format(ks=keyspace)))
 
 
-class EncodedRow(NamedTuple):
-    """A row of a prepared statement with its values already serialized as the protocol
-    carries them (text: UTF-8, bigint: 8 bytes big-endian, int: 4 bytes)."""
-
-    query_id: bytes
-    values: list[bytes]
-    key: tuple[bytes, ...]  # the serialized partition key columns (token-aware routing)
-
-
-Row = tuple[PreparedStatement, tuple[Any, ...]] | EncodedRow
-
-
 def routing_key(key: tuple[bytes, ...]) -> bytes:
     """The routing key of a partition key (the driver's encoding of a composite key)."""
     if len(key) == 1:
@@ -97,28 +86,12 @@ def routing_key(key: tuple[bytes, ...]) -> bytes:
     return b"".join(struct.pack(">H", len(c)) + c + b"\x00" for c in key)
 
 
-def grouped(rows: Iterable[Row], size: int, keyspace: str) -> Iterator[tuple[BatchStatement, None]]:
-    """UNLOGGED batches of `size` rows (grouped writes, not one round trip each); a batch is
-    routed by its first row. An EncodedRow is appended as it is: the driver's batch keeps
-    (prepared?, query id, serialized values) per statement (cassandra/query.py
-    BatchStatement._add_statement_and_params, which BatchStatement.add calls after binding;
-    appended here without the call, `size` being far below its limit of 0xFFFF)."""
-    batch, n = BatchStatement(batch_type=BatchType.UNLOGGED), 0
-    add = batch._statements_and_parameters.append  # what _add_statement_and_params does, size < 0xFFFF
-    for row in rows:
-        if type(row) is EncodedRow:
-            if n == 0:
-                batch.routing_key, batch.keyspace = routing_key(row.key), keyspace
-            add((True, row.query_id, row.values))
-        else:
-            batch.add(*row)
-        n += 1
-        if n == size:
-            yield batch, None
-            batch, n = BatchStatement(batch_type=BatchType.UNLOGGED), 0
-            add = batch._statements_and_parameters.append
-    if n:
-        yield batch, None
+class Partition(NamedTuple):
+    """A MailboxShard list's members of one partition shard, encoded for the rows' template."""
+
+    shard: bytes  # the partition shard's cell (int, 4 bytes)
+    cells: list[bytes]  # the members' user_id values, each as a statement carries it (batches.cell)
+    members: frozenset[bytes]  # the members (user_id, UTF-8): whether a special user is among them
 
 
 class CassandraMailbox:
@@ -130,6 +103,7 @@ class CassandraMailbox:
         self.session = session
         self.keyspace = keyspace
         self._connection = connection
+        install(session)  # its batches are serialized here (a session not opened by connect.py)
         ks = keyspace
         self.statements = Statements.prepare(session, ks)
         self._read: PreparedStatement = session.prepare(
@@ -141,8 +115,8 @@ class CassandraMailbox:
         )
         self._hours.fetch_size = 1000
         self.read_window = READ_WINDOW  # hours a cursor read reads in one request (tests make it 1 or 2)
-        # (tenant, conversation, MailboxShard) -> (list version, members, [(partition cell, members)])
-        self._partition_lists: dict[tuple[str, str, int], tuple[int, int, list[tuple[bytes, list[bytes]]]]] = {}
+        # (tenant, conversation, MailboxShard) -> (list version, members, its partitions)
+        self._partition_lists: dict[tuple[str, str, int], tuple[int, int, list[Partition]]] = {}
 
     @classmethod
     def connect(
@@ -173,36 +147,39 @@ class CassandraMailbox:
 
     # -- writing -------------------------------------------------------------------
 
-    def rows(self, tenant: str, refs: MessageRefs, statements: Statements | None = None) -> Iterator[EncodedRow]:
-        """The insert of each entry, its values serialized here (6.2 -> 0.2 us a row of client
-        CPU against BatchStatement.add binding each one; measured, ADR-0025), grouped by
-        partition (a large message's rows of one shard come out together, so a batch of them
-        is one mutation). The views' unit of work packs them into its first round with the
-        other member-keyed rows, with `statements` prepared on its session; `hour_rows` gives
-        the hours' rows of the same messages."""
+    def rows(self, tenant: str, refs: MessageRefs, statements: Statements | None = None) -> Iterator[Encoded]:
+        """The insert of each entry, serialized here, a partition's members in runs of at most
+        BATCH_ROWS statements (adapters/cassandra/batches.py: the statements of one message and
+        partition differ only in the member, so a run is one template joined around the
+        members' cells; 0.2 us a row of client CPU against 7-8 us with the driver serializing
+        each row, ADR-0039). A large message's run of one shard is one mutation. The views'
+        unit of work packs them into its first round with the other member-keyed rows, with
+        `statements` prepared on its session; `hour_rows` gives the hours' rows of the same
+        messages."""
         query_id = (statements or self.statements).insert.query_id
-        t, cid = tenant.encode(), refs.conversation_id.encode()
-        pos, seq, ts = _BIGINT.pack(refs.pos), _BIGINT.pack(refs.seq), _BIGINT.pack(stamp(refs.pos))
-        hour = _BIGINT.pack(hour_of(refs.at))
-        flag_cells = {refs.flags: _INT.pack(refs.flags)}
-        plain = flag_cells[refs.flags]
+        t, hour = tenant.encode(), _BIGINT.pack(hour_of(refs.at))
+        pos, seq, cid = _BIGINT.pack(refs.pos), _BIGINT.pack(refs.seq), refs.conversation_id.encode()
+        ts, plain = _BIGINT.pack(stamp(refs.pos)), _INT.pack(refs.flags)
         special = {u.encode(): f for u, f in refs.special.items()}
         for shard in sorted(refs.shards):
-            for cell, users in self._partitions(tenant, refs, shard):
-                key = (t, cell, hour)
-                for user in users:
-                    if special and user in special:
-                        f = special[user]
-                        flag = flag_cells.get(f) or flag_cells.setdefault(f, _INT.pack(f))
-                    else:
-                        flag = plain
-                    yield EncodedRow(query_id, [t, cell, hour, user, pos, seq, cid, flag, ts], key)
+            for part in self._partitions(tenant, refs, shard):
+                key = routing_key((t, part.shard, hour))
+                cells = part.cells
+                if special and not part.members.isdisjoint(special):
+                    own = sorted((u, f) for u, f in special.items() if u in part.members)
+                    for u, f in own:
+                        values = [t, part.shard, hour, u, pos, seq, cid, _INT.pack(f), ts]
+                        yield Encoded(statement(query_id, values), 1, key)
+                    skip = {cell(u) for u, _ in own}
+                    cells = [c for c in cells if c not in skip]
+                head, tail = template(query_id, [t, part.shard, hour], [pos, seq, cid, plain, ts])
+                for i in range(0, len(cells), BATCH_ROWS):
+                    yield run_of(head, tail, cells[i : i + BATCH_ROWS], key)
 
-    def _partitions(self, tenant: str, refs: MessageRefs, shard: int) -> list[tuple[bytes, list[bytes]]]:
-        """One MailboxShard list's members, encoded and grouped by partition shard (its cell):
-        cached per member-list version for lists of CACHED_LIST members or more (ADR-0004's
-        cache, as adapters/rocksdb/mailbox.py keeps it), so a large group's message only
-        builds its rows."""
+    def _partitions(self, tenant: str, refs: MessageRefs, shard: int) -> list[Partition]:
+        """One MailboxShard list's members, encoded and grouped by partition shard: cached per
+        member-list version for lists of CACHED_LIST members or more (ADR-0004's cache, as
+        adapters/rocksdb/mailbox.py keeps it), so a large group's message only builds its rows."""
         users = refs.shards[shard]
         version = refs.versions.get(shard) if refs.versions is not None else None
         key = (tenant, refs.conversation_id, shard)
@@ -219,14 +196,14 @@ class CassandraMailbox:
                 by_shard[p] = [user]
             else:
                 got.append(user)
-        out = [(_INT.pack(p), by_shard[p]) for p in sorted(by_shard)]
+        out = [Partition(_INT.pack(p), [cell(u) for u in us], frozenset(us)) for p, us in sorted(by_shard.items())]
         if version is not None and len(users) >= CACHED_LIST:
             self._partition_lists[key] = (version, len(users), out)
         return out
 
     def hour_rows(
         self, messages: Iterable[tuple[str, MessageRefs]], statements: Statements | None = None
-    ) -> list[EncodedRow]:
+    ) -> list[Encoded]:
         """Each (tenant, hour)'s last position among `messages` (one row each, stamped with that
         position: the highest position written to an hour wins, whoever writes it last)."""
         query_id = (statements or self.statements).mark_hour.query_id
@@ -240,7 +217,8 @@ class CassandraMailbox:
         out = []
         for (tenant, hour), pos in sorted(last.items()):
             t = tenant.encode()
-            out.append(EncodedRow(query_id, [_BIGINT.pack(stamp(pos)), _BIGINT.pack(pos), t, _BIGINT.pack(hour)], (t,)))
+            values = [_BIGINT.pack(stamp(pos)), _BIGINT.pack(pos), t, _BIGINT.pack(hour)]
+            out.append(Encoded(statement(query_id, values), 1, t))
         return out
 
     def batches(self, tenant: str, refs: MessageRefs) -> Iterator[BatchStatement]:

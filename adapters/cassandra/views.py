@@ -35,8 +35,9 @@ from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.query import PreparedStatement
 
+from adapters.cassandra.batches import Row, grouped
 from adapters.cassandra.connect import TUPLE_ROWS, Connection, open_session, run
-from adapters.cassandra.mailbox import CassandraMailbox, Row, Statements, grouped
+from adapters.cassandra.mailbox import CassandraMailbox, Statements
 from adapters.cassandra.schema import TABLES
 from adapters.cassandra.stamps import stamp
 from adapters.cassandra.writer import (
