@@ -5,7 +5,7 @@ the query id, the value count and each value with its length, about twenty write
 us of client CPU a mailbox row measured, on top of 3-4 us building the rows and the batch). A
 message's rows of one mailbox partition differ only in the member: their statements are one
 template around the member's cell, so `Encoded` holds a run of them already joined (a C-level
-`bytes.join` for ~100 rows), and a batch is sent as its parts concatenated.
+`bytes.join` for ~100 rows, `joined`), and a batch is sent as its parts concatenated.
 
 How it reaches the wire: a batch built by `grouped` carries its statements as a
 `PackedStatements` (its parts and its row count) where the driver keeps its list of
@@ -36,11 +36,12 @@ MAX_STATEMENTS = 0xFFFF  # the protocol's limit of a batch
 
 
 class Encoded(NamedTuple):
-    """`rows` statements of one partition, serialized as a batch carries them (`statement`)."""
+    """`rows` statements serialized as a batch carries them (`statement`, `joined`): a run of
+    one partition's, or a small message's of several (routed as a batch by the first's)."""
 
     body: bytes
     rows: int
-    key: bytes  # the partition's routing key (token-aware routing of the batch)
+    key: bytes  # the routing key of its (first) statement's partition (token-aware routing)
 
 
 Row = tuple[PreparedStatement, tuple[Any, ...]] | Encoded
@@ -56,23 +57,22 @@ def cell(value: Any) -> bytes:
     return bytes(_INT.pack(len(value)) + value)
 
 
+def prefix(query_id: bytes, count: int) -> bytes:
+    """What a prepared statement of a batch starts with: kind 1 (prepared), its id, its value
+    count; its values' cells follow."""
+    return b"".join((b"\x01", _SHORT.pack(len(query_id)), query_id, _SHORT.pack(count)))
+
+
 def statement(query_id: bytes, values: Sequence[Any]) -> bytes:
-    """One prepared statement of a batch: kind 1 (prepared), its id, its values."""
-    return b"".join([b"\x01", _SHORT.pack(len(query_id)), query_id, _SHORT.pack(len(values)), *map(cell, values)])
+    """One prepared statement of a batch with its values."""
+    return b"".join([prefix(query_id, len(values)), *map(cell, values)])
 
 
-def template(query_id: bytes, before: Sequence[bytes], after: Sequence[bytes]) -> tuple[bytes, bytes]:
-    """The bytes of a statement before and after its one varying value: the statement with
-    values (*before, v, *after) is `head + cell(v) + tail`, so a run of them for values vs is
-    `head + (tail + head).join(map(cell, vs)) + tail`."""
-    count = len(before) + 1 + len(after)
-    head = b"".join([b"\x01", _SHORT.pack(len(query_id)), query_id, _SHORT.pack(count), *map(cell, before)])
-    return head, b"".join(map(cell, after))
-
-
-def run_of(head: bytes, tail: bytes, cells: Sequence[bytes], key: bytes) -> Encoded:
-    """The statements `head + c + tail` for each of `cells` (values already `cell`-encoded)."""
-    return Encoded(b"".join((head, (tail + head).join(cells), tail)), len(cells), key)
+def joined(head: bytes, tail: bytes, cells: Sequence[bytes]) -> bytes:
+    """The statements `head + c + tail` for each of `cells` (values already `cell`-encoded):
+    statements that differ in one value, `head` the prefix and the cells before it, `tail` the
+    cells after it, in one `bytes.join`."""
+    return b"".join((head, (tail + head).join(cells), tail))
 
 
 class PackedStatements:

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 from cassandra.cluster import Session
 from cassandra.query import BatchStatement, PreparedStatement
 
-from adapters.cassandra.batches import Encoded, cell, grouped, install, run_of, statement, template
+from adapters.cassandra.batches import Encoded, cell, grouped, install, joined, prefix, statement
 from adapters.cassandra.connect import TUPLE_ROWS, ClusterSettings, Connection, open_session, run
 from adapters.cassandra.schema import MAILBOX_TABLES
 from adapters.cassandra.stamps import stamp
@@ -83,15 +83,17 @@ def routing_key(key: tuple[bytes, ...]) -> bytes:
     """The routing key of a partition key (the driver's encoding of a composite key)."""
     if len(key) == 1:
         return key[0]
-    return b"".join(struct.pack(">H", len(c)) + c + b"\x00" for c in key)
+    return b"".join(map(_key_component, key))
 
 
-class Partition(NamedTuple):
-    """A MailboxShard list's members of one partition shard, encoded for the rows' template."""
+def _key_component(value: bytes) -> bytes:
+    return struct.pack(">H", len(value)) + value + b"\x00"
 
-    shard: bytes  # the partition shard's cell (int, 4 bytes)
-    cells: list[bytes]  # the members' user_id values, each as a statement carries it (batches.cell)
-    members: frozenset[bytes]  # the members (user_id, UTF-8): whether a special user is among them
+
+# Each partition shard's value, its cell in a statement, its component of a routing key.
+_SHARD_VALUES = [_INT.pack(p) for p in range(PARTITION_SHARDS)]
+_SHARD_CELLS = [cell(v) for v in _SHARD_VALUES]
+_SHARD_KEYS = [_key_component(v) for v in _SHARD_VALUES]
 
 
 class CassandraMailbox:
@@ -116,7 +118,7 @@ class CassandraMailbox:
         self._hours.fetch_size = 1000
         self.read_window = READ_WINDOW  # hours a cursor read reads in one request (tests make it 1 or 2)
         # (tenant, conversation, MailboxShard) -> (list version, members, its partitions)
-        self._partition_lists: dict[tuple[str, str, int], tuple[int, int, list[Partition]]] = {}
+        self._partition_lists: dict[tuple[str, str, int], tuple[int, int, list[tuple[int, list[bytes]]]]] = {}
 
     @classmethod
     def connect(
@@ -148,36 +150,61 @@ class CassandraMailbox:
     # -- writing -------------------------------------------------------------------
 
     def rows(self, tenant: str, refs: MessageRefs, statements: Statements | None = None) -> Iterator[Encoded]:
-        """The insert of each entry, serialized here, a partition's members in runs of at most
-        BATCH_ROWS statements (adapters/cassandra/batches.py: the statements of one message and
-        partition differ only in the member, so a run is one template joined around the
-        members' cells; 0.2 us a row of client CPU against 7-8 us with the driver serializing
-        each row, ADR-0039). A large message's run of one shard is one mutation. The views'
-        unit of work packs them into its first round with the other member-keyed rows, with
+        """The insert of each entry, serialized here (adapters/cassandra/batches.py,
+        ADR-0039): the statements of one message and partition differ only in the member, so a
+        partition's are one `joined` around its members' cells (0.1 us a row of client CPU
+        for a large message against 7-8 us with the driver serializing each row). Parts of at
+        most BATCH_ROWS statements: a large message's partition is a part (a batch, one
+        mutation) of its own; a small message's partitions share a part. The views' unit of
+        work packs them into its first round with the other member-keyed rows, with
         `statements` prepared on its session; `hour_rows` gives the hours' rows of the same
         messages."""
         query_id = (statements or self.statements).insert.query_id
         t, hour = tenant.encode(), _BIGINT.pack(hour_of(refs.at))
-        pos, seq, cid = _BIGINT.pack(refs.pos), _BIGINT.pack(refs.seq), refs.conversation_id.encode()
-        ts, plain = _BIGINT.pack(stamp(refs.pos)), _INT.pack(refs.flags)
-        special = {u.encode(): f for u, f in refs.special.items()}
+        # a statement: lead, partition shard, hour, member, then mid, flags, end
+        lead, hour_cell = prefix(query_id, 9) + cell(t), cell(hour)
+        mid = cell(_BIGINT.pack(refs.pos)) + cell(_BIGINT.pack(refs.seq)) + cell(refs.conversation_id.encode())
+        end = cell(_BIGINT.pack(stamp(refs.pos)))
+        tail = mid + cell(_INT.pack(refs.flags)) + end
+        key_tenant, key_hour = _key_component(t), _key_component(hour)
+        special: dict[int, list[tuple[bytes, int]]] = {}  # partition shard -> its special members' cells, flags
+        for u, f in refs.special.items():
+            user = u.encode()
+            special.setdefault(partition_shard(user), []).append((cell(user), f))
+        chunk: list[bytes] = []  # statements of consecutive partitions, at most BATCH_ROWS
+        count, chunk_key = 0, b""
         for shard in sorted(refs.shards):
-            for part in self._partitions(tenant, refs, shard):
-                key = routing_key((t, part.shard, hour))
-                cells = part.cells
-                if special and not part.members.isdisjoint(special):
-                    own = sorted((u, f) for u, f in special.items() if u in part.members)
-                    for u, f in own:
-                        values = [t, part.shard, hour, u, pos, seq, cid, _INT.pack(f), ts]
-                        yield Encoded(statement(query_id, values), 1, key)
-                    skip = {cell(u) for u, _ in own}
-                    cells = [c for c in cells if c not in skip]
-                head, tail = template(query_id, [t, part.shard, hour], [pos, seq, cid, plain, ts])
+            for p, cells in self._partitions(tenant, refs, shard):
+                head = lead + _SHARD_CELLS[p] + hour_cell
+                key = key_tenant + _SHARD_KEYS[p] + key_hour
+                own = special.get(p)
+                if own:
+                    present = sorted((c, f) for c, f in own if c in cells)  # members only
+                    if present:
+                        skip = {c for c, _ in present}
+                        cells = [c for c in cells if c not in skip]
+                        if count and count + len(present) > BATCH_ROWS:
+                            yield Encoded(b"".join(chunk), count, chunk_key)
+                            chunk, count = [], 0
+                        if not count:
+                            chunk_key = key
+                        chunk.extend(head + c + mid + cell(_INT.pack(f)) + end for c, f in present)
+                        count += len(present)
                 for i in range(0, len(cells), BATCH_ROWS):
-                    yield run_of(head, tail, cells[i : i + BATCH_ROWS], key)
+                    run = cells[i : i + BATCH_ROWS] if len(cells) > BATCH_ROWS else cells
+                    if count and count + len(run) > BATCH_ROWS:  # a partition's run is not split
+                        yield Encoded(b"".join(chunk), count, chunk_key)
+                        chunk, count = [], 0
+                    if not count:
+                        chunk_key = key
+                    chunk.append(joined(head, tail, run))
+                    count += len(run)
+        if count:
+            yield Encoded(b"".join(chunk), count, chunk_key)
 
-    def _partitions(self, tenant: str, refs: MessageRefs, shard: int) -> list[Partition]:
-        """One MailboxShard list's members, encoded and grouped by partition shard: cached per
+    def _partitions(self, tenant: str, refs: MessageRefs, shard: int) -> list[tuple[int, list[bytes]]]:
+        """One MailboxShard list's members grouped by partition shard, each member's user_id as a
+        statement carries it (batches.cell), in partition order: cached per
         member-list version for lists of CACHED_LIST members or more (ADR-0004's cache, as
         adapters/rocksdb/mailbox.py keeps it), so a large group's message only builds its rows."""
         users = refs.shards[shard]
@@ -188,15 +215,17 @@ class CassandraMailbox:
             if cached is not None and cached[0] == version and cached[1] == len(users):
                 return cached[2]
         by_shard: dict[int, list[bytes]] = {}
+        pack = _INT.pack
         for u in users:
             user = u.encode()
-            p = partition_shard(user)
+            p = zlib.crc32(user) % PARTITION_SHARDS  # partition_shard(user), inline: a call a member
+            c = pack(len(user)) + user  # cell(user)
             got = by_shard.get(p)
             if got is None:
-                by_shard[p] = [user]
+                by_shard[p] = [c]
             else:
-                got.append(user)
-        out = [Partition(_INT.pack(p), [cell(u) for u in us], frozenset(us)) for p, us in sorted(by_shard.items())]
+                got.append(c)
+        out = sorted(by_shard.items())
         if version is not None and len(users) >= CACHED_LIST:
             self._partition_lists[key] = (version, len(users), out)
         return out

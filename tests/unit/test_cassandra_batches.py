@@ -6,6 +6,7 @@ Cassandra: tests/contract/test_mailbox_store.py and the views' suites."""
 from __future__ import annotations
 
 import struct
+import zlib
 
 import pytest
 from cassandra import ConsistencyLevel
@@ -15,7 +16,7 @@ from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.cassandra.batches import Encoded, PackedStatements, cell, grouped, install, run_of, statement, template
+from adapters.cassandra.batches import Encoded, PackedStatements, cell, grouped, install, joined, prefix, statement
 
 QUERY_ID = bytes(range(16))
 values = st.lists(st.one_of(st.binary(max_size=40), st.none(), st.just(UNSET_VALUE)), min_size=1, max_size=9)
@@ -55,10 +56,9 @@ def test_statements_serialized_here_are_the_drivers_bytes(rows: list[list], kw: 
     st.lists(st.binary(max_size=8), max_size=4),
 )
 def test_a_run_is_each_statement_with_its_value(before: list[bytes], varying: list[bytes], after: list[bytes]) -> None:
-    head, tail = template(QUERY_ID, before, after)
-    run = run_of(head, tail, [cell(v) for v in varying], b"key")
-    assert run.rows == len(varying)
-    assert run.body == b"".join(statement(QUERY_ID, [*before, v, *after]) for v in varying)
+    head = prefix(QUERY_ID, len(before) + 1 + len(after)) + b"".join(map(cell, before))
+    run = joined(head, b"".join(map(cell, after)), [cell(v) for v in varying])
+    assert run == b"".join(statement(QUERY_ID, [*before, v, *after]) for v in varying)
 
 
 def test_grouped_keeps_a_run_whole_and_under_the_size() -> None:
@@ -93,3 +93,101 @@ def test_statement_lengths() -> None:
     assert body == b"\x01" + struct.pack(">H", 16) + QUERY_ID + struct.pack(">H", 3) + (
         struct.pack(">i", 2) + b"ab" + struct.pack(">i", -1) + struct.pack(">i", -2)
     )
+
+
+# -- the mailbox's rows (adapters/cassandra/mailbox.py), read back statement by statement -----
+
+
+def parse(body: bytes) -> list[tuple[bytes, list[bytes]]]:
+    """The statements of a batch body's parts: (query id, values)."""
+    out, i = [], 0
+    while i < len(body):
+        assert body[i] == 1
+        (n,) = struct.unpack_from(">H", body, i + 1)
+        qid = body[i + 3 : i + 3 + n]
+        i += 3 + n
+        (count,) = struct.unpack_from(">H", body, i)
+        i += 2
+        values = []
+        for _ in range(count):
+            (length,) = struct.unpack_from(">i", body, i)
+            values.append(body[i + 4 : i + 4 + length])
+            i += 4 + length
+        out.append((qid, values))
+    return out
+
+
+class _Statements:
+    class insert:  # noqa: N801 (a stand-in for the prepared statement: only its id is read)
+        query_id = QUERY_ID
+
+    class mark_hour:  # noqa: N801
+        query_id = QUERY_ID[::-1]
+
+
+def _mailbox():  # type: ignore[no-untyped-def]
+    from adapters.cassandra.mailbox import CassandraMailbox
+
+    store = CassandraMailbox.__new__(CassandraMailbox)  # no session: rows() only serializes
+    store.statements = _Statements()
+    store._partition_lists = {}
+    return store
+
+
+members = st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=300, unique=True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    members,
+    st.data(),
+    st.integers(min_value=0, max_value=2**40),  # log positions (stamps.py's range)
+    st.integers(min_value=0, max_value=7),
+    st.floats(min_value=0, max_value=4e9),
+    st.booleans(),
+)
+def test_the_mailbox_rows_are_each_members_insert_once_routed_by_its_partition(
+    users: list[str], data: st.DataObject, pos: int, flags: int, at: float, cached: bool
+) -> None:
+    """Every member of the message gets exactly one INSERT with its values (special members
+    their own flags, a special user who is not a member none); each part is at most
+    BATCH_ROWS statements and is routed by its first statement's partition; a part of
+    several partitions is a small message's (no part splits a partition's run of under
+    BATCH_ROWS rows)."""
+    from adapters.cassandra.mailbox import BATCH_ROWS, CACHED_LIST, hour_of, routing_key
+    from adapters.cassandra.stamps import stamp
+    from projections.ports import MessageRefs
+    from projections.sharding import shard_of
+
+    special = data.draw(st.dictionaries(st.sampled_from([*users, "not-a-member"]), st.integers(0, 31), max_size=4))
+    by: dict[int, list[str]] = {}
+    for u in sorted(users):
+        by.setdefault(shard_of(u, 4), []).append(u)
+    versions = dict.fromkeys(by, 1) if cached else None
+    refs = MessageRefs("c/1", pos, pos + 1, flags, special, by, versions, at=at)
+    store = _mailbox()
+    if cached:
+        import adapters.cassandra.mailbox as mailbox
+
+        mailbox.CACHED_LIST, before = 1, CACHED_LIST  # every list cached: the cached path
+    try:
+        parts = list(store.rows("tenant-é", refs)) + (list(store.rows("tenant-é", refs)) if cached else [])
+    finally:
+        if cached:
+            mailbox.CACHED_LIST = before
+    seen: dict[bytes, list[bytes]] = {}
+    hour = struct.pack(">q", hour_of(at))
+    for part in parts:
+        statements = parse(part.body)
+        assert len(statements) == part.rows <= BATCH_ROWS
+        t, shard, h = statements[0][1][:3]
+        assert part.key == routing_key((t, shard, h))
+        for qid, values in statements:
+            assert qid == QUERY_ID and len(values) == 9
+            t, shard, h, user, p, seq, cid, f, ts = values
+            assert (t, h, cid) == ("tenant-é".encode(), hour, b"c/1")
+            assert struct.unpack(">i", shard)[0] == zlib.crc32(user) % 1024
+            assert (p, seq, ts) == (struct.pack(">q", pos), struct.pack(">q", pos + 1), struct.pack(">q", stamp(pos)))
+            seen.setdefault(user, []).append(f)
+    expected = {u.encode(): [struct.pack(">i", special.get(u, flags))] * (2 if cached else 1) for u in users}
+    assert seen == expected
