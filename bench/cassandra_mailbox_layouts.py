@@ -47,7 +47,7 @@ def cassandra_cpu() -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def table(session: Session, ks: str, layout: str, row: str = "cells") -> str:
+def table(session: Session, ks: str, layout: str, row: str = "cells", options: str = "") -> str:
     if layout == "user":
         session.execute(
             f"CREATE TABLE {ks}.mailbox (tenant text, user_id text, pos bigint, conversation_seq bigint, "
@@ -60,13 +60,14 @@ def table(session: Session, ks: str, layout: str, row: str = "cells") -> str:
     if row == "blob":  # the entry's seq, conversation and flags in one cell
         session.execute(
             f"CREATE TABLE {ks}.mailbox (tenant text, shard int, user_id text, pos bigint, ref blob, "
-            "PRIMARY KEY ((tenant, shard), user_id, pos))"
+            "PRIMARY KEY ((tenant, shard), user_id, pos))" + (f" WITH {options}" if options else "")
         )
         return f"INSERT INTO {ks}.mailbox (tenant, shard, user_id, pos, ref) VALUES (?, ?, ?, ?, ?) USING TIMESTAMP ?"
     clustering = ", conversation_seq, conversation_id, flags" if row == "key" else ""
     session.execute(
         f"CREATE TABLE {ks}.mailbox (tenant text, shard int, user_id text, pos bigint, conversation_seq bigint, "
         f"conversation_id text, flags int, PRIMARY KEY ((tenant, shard), user_id, pos{clustering}))"
+        + (f" WITH {options}" if options else "")
     )
     return (
         f"INSERT INTO {ks}.mailbox (tenant, shard, user_id, pos, conversation_seq, conversation_id, flags) "
@@ -116,7 +117,7 @@ def measure(
     ks = f"bench_layout_{uuid.uuid4().hex[:8]}"
     session.execute(f"CREATE KEYSPACE {ks} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': 1}}")
     try:
-        insert = session.prepare(table(session, ks, layout, row))
+        insert = session.prepare(table(session, ks, layout, row, a.table_options))
         users = [f"user{i:07d}" for i in range(a.members * a.groups)]
         groups = [users[g * a.members : (g + 1) * a.members] for g in range(a.groups)]
         work = list(batches(layout, shards, insert.query_id, ks, groups, a.messages, a.batch_rows, row))
@@ -124,6 +125,15 @@ def measure(
         cpu0, t0 = cassandra_cpu(), time.perf_counter()
         execute_concurrent(session, work, concurrency=a.in_flight, raise_on_first_error=True)
         took, cpu = time.perf_counter() - t0, cassandra_cpu() - cpu0
+        if a.settle:  # the flushes and compactions the writes set off, until Cassandra idles
+            last = cassandra_cpu()
+            for _ in range(180):
+                time.sleep(1.0)
+                now = cassandra_cpu()
+                if now - last < 0.05:
+                    break
+                last = now
+            cpu = last - cpu0
         return rows / took, cpu / rows * 1e6, len(work)
     finally:
         session.execute(f"DROP KEYSPACE {ks}", timeout=120)
@@ -146,6 +156,16 @@ def main() -> None:
         "cells, the project's), blob (the three in one cell), key (the three in the clustering key, no cell)",
     )
     ap.add_argument("--no-user", action="store_true", help="leave out the `user` layout")
+    ap.add_argument(
+        "--settle",
+        action="store_true",
+        help="count Cassandra's CPU until it idles after the writes (the flushes and compactions they set off)",
+    )
+    ap.add_argument(
+        "--table-options",
+        default="",
+        help="the `shard` tables' WITH clause, e.g. \"compaction = {'class': 'UnifiedCompactionStrategy'}\"",
+    )
     a = ap.parse_args()
     cluster = Cluster(["127.0.0.1"], port=a.port, protocol_version=5)
     session = cluster.connect()
