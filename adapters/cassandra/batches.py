@@ -136,10 +136,6 @@ def install(session: Any) -> None:
     session.client_protocol_handler = PackedBatches
 
 
-def installed(session: Any) -> bool:
-    return bool(getattr(session.client_protocol_handler, "writes_packed_batches", False))
-
-
 def grouped(rows: Iterable[Row], size: int, keyspace: str) -> Iterator[tuple[BatchStatement, None]]:
     """UNLOGGED batches of about `size` rows (grouped writes, not a round trip each), routed
     by their first row's partition. A prepared statement's values are bound (serialized) by
