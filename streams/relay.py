@@ -205,6 +205,7 @@ class Relay:
         self.relayed_topics = relayed_topics
         self.stats = RelayStats()
         self._producer: Producer | None = None
+        self._fatal: KafkaError | None = None  # the producer's fatal error, as its error_cb told it
         self._subscription: _Subscription | None = None
         self._stop = threading.Event()
         self._started = False
@@ -247,6 +248,7 @@ class Relay:
                 "transaction.timeout.ms": int(self.transaction_timeout * 1000),
                 "socket.connection.setup.timeout.ms": 10_000,
                 "logger": self.kafka_logger,
+                "error_cb": self._on_error,
             }
         )
         t0 = time.monotonic()
@@ -436,8 +438,18 @@ class Relay:
         if self.on_committed is not None:
             self.on_committed(last)
 
+    def _on_error(self, err: KafkaError) -> None:
+        """The producer's error callback (served by poll): a fatal error is kept, since a call
+        after it fails with the generic _FATAL ("Local: Fatal error"), and the underlying one
+        (the client translates it for this callback) says whether the producer was fenced."""
+        if err.fatal():
+            self._fatal = err
+
     def _failure(self, exc: KafkaException, notes: Sequence[Notification]) -> RelayError:
         err = kafka_error(exc)
+        if err is not None and err.code() == KafkaError._FATAL and self._producer is not None:
+            self._producer.poll(0)  # serve the error callback: the underlying fatal error
+            err = self._fatal or err
         if _is_fenced(err):
             return RelayFenced(
                 f"fenced: another relay took over transactional id {self.transactional_id!r} "
