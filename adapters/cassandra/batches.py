@@ -54,7 +54,8 @@ def cell(value: Any) -> bytes:
         return _NULL
     if value is UNSET_VALUE:
         return _UNSET
-    return bytes(_INT.pack(len(value)) + value)
+    out: bytes = _INT.pack(len(value)) + value
+    return out
 
 
 def prefix(query_id: bytes, count: int) -> bytes:

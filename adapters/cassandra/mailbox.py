@@ -177,28 +177,26 @@ class CassandraMailbox:
             for p, cells in self._partitions(tenant, refs, shard):
                 head = lead + _SHARD_CELLS[p] + hour_cell
                 key = key_tenant + _SHARD_KEYS[p] + key_hour
+                pieces: list[tuple[bytes, int]] = []  # (statements, how many): specials, then runs
                 own = special.get(p)
                 if own:
                     present = sorted((c, f) for c, f in own if c in cells)  # members only
                     if present:
                         skip = {c for c, _ in present}
                         cells = [c for c in cells if c not in skip]
-                        if count and count + len(present) > BATCH_ROWS:
-                            yield Encoded(b"".join(chunk), count, chunk_key)
-                            chunk, count = [], 0
-                        if not count:
-                            chunk_key = key
-                        chunk.extend(head + c + mid + cell(_INT.pack(f)) + end for c, f in present)
-                        count += len(present)
+                        body = b"".join(head + c + mid + cell(_INT.pack(f)) + end for c, f in present)
+                        pieces.append((body, len(present)))
                 for i in range(0, len(cells), BATCH_ROWS):
                     run = cells[i : i + BATCH_ROWS] if len(cells) > BATCH_ROWS else cells
-                    if count and count + len(run) > BATCH_ROWS:  # a partition's run is not split
+                    pieces.append((joined(head, tail, run), len(run)))
+                for body, n in pieces:
+                    if count and count + n > BATCH_ROWS:  # a partition's piece is not split
                         yield Encoded(b"".join(chunk), count, chunk_key)
                         chunk, count = [], 0
                     if not count:
                         chunk_key = key
-                    chunk.append(joined(head, tail, run))
-                    count += len(run)
+                    chunk.append(body)
+                    count += n
         if count:
             yield Encoded(b"".join(chunk), count, chunk_key)
 
