@@ -9,6 +9,7 @@ dropped afterwards. The naive way is measured on 5k members and extrapolated.
 from __future__ import annotations
 
 import argparse
+import struct
 import sys
 import time
 import uuid
@@ -16,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from adapters.cassandra.mailbox import BATCH_ROWS, IN_FLIGHT, CassandraMailbox, partition_shard  # noqa: E402
+from adapters.cassandra.mailbox import BATCH_ROWS, IN_FLIGHT, CassandraMailbox, partition_shard, ref  # noqa: E402
 from fanout.urls import cassandra_settings  # noqa: E402
 from projections.ports import MessageRefs  # noqa: E402
 from projections.sharding import shard_of  # noqa: E402
@@ -64,13 +65,14 @@ def main() -> None:
             f"{a.members / grouped:.2f} s per 100k-member message)"
         )
         naive = store.session.prepare(
-            f"INSERT INTO {keyspace}.mailbox (tenant, shard, hour, user_id, pos, conversation_seq, conversation_id, "
-            "flags) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            f"INSERT INTO {keyspace}.mailbox (tenant, shard, hour, user_id, pos, ref) VALUES (?, ?, ?, ?, ?, ?)"
         )
         few = users[: a.naive_members]
         t = time.perf_counter()
         for u in few:
-            store.session.execute(naive, ("t", partition_shard(u.encode()), 0, u, 4, 4, "big", 0))
+            store.session.execute(
+                naive, ("t", partition_shard(u.encode()), 0, u, 4, ref(struct.pack(">q", 4), 0, b"big"))
+            )
         per_row = len(few) / (time.perf_counter() - t)
         print(
             f"naive: one INSERT per member, one round trip each: {per_row:,.0f} entries/s measured on "

@@ -11,7 +11,7 @@ the clock starts, as the worker's `CassandraMailbox.rows` does; --in-flight batc
 one fresh keyspace per layout, dropped afterwards; the layouts alternate --rounds times. Printed:
 entries/s as the client sees them and Cassandra's CPU an entry (its process, from /proc; every
 other process quiet). An experiment for the data model (docs/PERFORMANCE.md section 19): the
-project's table is still `user`.
+project's table is `shard` with the hour in its partition key (ADR-0038) and the `blob` row (ADR-0040).
 
     .venv/bin/python bench/cassandra_mailbox_layouts.py                      # 100k members, 3 messages, shards 256 and 1024
     .venv/bin/python bench/cassandra_mailbox_layouts.py --members 20 --messages 5000 --shards 16,256   # small groups
@@ -112,12 +112,12 @@ def batches(
 
 
 def measure(
-    session: Session, layout: str, shards: int, a: argparse.Namespace, row: str = "cells"
+    session: Session, layout: str, shards: int, a: argparse.Namespace, row: str = "cells", options: str = ""
 ) -> tuple[float, float, int]:
     ks = f"bench_layout_{uuid.uuid4().hex[:8]}"
     session.execute(f"CREATE KEYSPACE {ks} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': 1}}")
     try:
-        insert = session.prepare(table(session, ks, layout, row, a.table_options))
+        insert = session.prepare(table(session, ks, layout, row, options))
         users = [f"user{i:07d}" for i in range(a.members * a.groups)]
         groups = [users[g * a.members : (g + 1) * a.members] for g in range(a.groups)]
         work = list(batches(layout, shards, insert.query_id, ks, groups, a.messages, a.batch_rows, row))
@@ -153,7 +153,7 @@ def main() -> None:
         "--rows",
         default="cells",
         help="the `shard` layout's row shapes, comma-separated: cells (seq, conversation, flags: three "
-        "cells, the project's), blob (the three in one cell), key (the three in the clustering key, no cell)",
+        "cells, ADR-0038's), blob (the three in one cell, the project's: ADR-0040), key (the three in the clustering key, no cell)",
     )
     ap.add_argument("--no-user", action="store_true", help="leave out the `user` layout")
     ap.add_argument(
@@ -163,25 +163,29 @@ def main() -> None:
     )
     ap.add_argument(
         "--table-options",
-        default="",
-        help="the `shard` tables' WITH clause, e.g. \"compaction = {'class': 'UnifiedCompactionStrategy'}\"",
+        action="append",
+        help="the `shard` tables' WITH clause, e.g. \"compaction = {'class': 'UnifiedCompactionStrategy'}\"; "
+        "repeat it to alternate several (an empty one is Cassandra's defaults)",
     )
     a = ap.parse_args()
     cluster = Cluster(["127.0.0.1"], port=a.port, protocol_version=5)
     session = cluster.connect()
     try:
         shapes = a.rows.split(",")
-        layouts = [] if a.no_user else [("user", 0, "cells")]
-        layouts += [("shard", int(s), r) for s in a.shards.split(",") for r in shapes]
+        layouts = [] if a.no_user else [("user", 0, "cells", "")]
+        options = a.table_options or [""]
+        layouts += [("shard", int(s), r, o) for s in a.shards.split(",") for r in shapes for o in options]
         measure(session, "user", 0, argparse.Namespace(**{**vars(a), "messages": 1}))  # warm-up, not printed
         print(
             f"{a.messages} messages to groups of {a.members} ({a.members * a.messages:,} entries), "
             f"batches of <= {a.batch_rows} rows, {a.in_flight} in flight"
         )
         for r in range(a.rounds):
-            for layout, shards, row in layouts:
-                rate, cpu, n = measure(session, layout, shards, a, row)
+            for layout, shards, row, option in layouts:
+                rate, cpu, n = measure(session, layout, shards, a, row, option)
                 name = "user (tenant, user_id)" if layout == "user" else f"shard (tenant, shard of {shards}) {row}"
+                if len(options) > 1:
+                    name += f" [{option or 'defaults'}]"
                 print(
                     f"  round {r + 1}  {name:32} {rate:9,.0f} entries/s  Cassandra {cpu:6.1f} us of CPU an entry"
                     f"  ({n:,} batches)",

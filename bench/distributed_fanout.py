@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import struct
 import sys
 import time
 import warnings
@@ -66,7 +67,7 @@ from distributed_common import (  # noqa: E402
 )
 
 from adapters.cassandra.connect import open_cluster  # noqa: E402
-from adapters.cassandra.mailbox import IN_FLIGHT, CassandraMailbox, hour_of, partition_shard  # noqa: E402
+from adapters.cassandra.mailbox import IN_FLIGHT, CassandraMailbox, hour_of, partition_shard, ref  # noqa: E402
 from fanout.bootstrap import bootstrap_distributed  # noqa: E402
 from fanout.config import load_settings  # noqa: E402
 from fanout.urls import CassandraSettings, cassandra_settings  # noqa: E402
@@ -149,8 +150,7 @@ def naive_writer(c: CassandraSettings, members: list[str], messages: int, part: 
             warnings.simplefilter("ignore", DeprecationWarning)
             session.cluster.control_connection.wait_for_schema_agreement(wait_time=60)
         insert = session.prepare(
-            f"INSERT INTO {ks}.mailbox (tenant, shard, hour, user_id, pos, conversation_seq, conversation_id, flags) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            f"INSERT INTO {ks}.mailbox (tenant, shard, hour, user_id, pos, ref) VALUES (?, ?, ?, ?, ?, ?)"
         )
         hour = hour_of(time.time())
         bump = session.prepare(
@@ -160,7 +160,8 @@ def naive_writer(c: CassandraSettings, members: list[str], messages: int, part: 
         def statements(tenant: str, users: list[str], pos: int) -> Iterator[tuple[Any, Any]]:
             for u in users:
                 if part != "counter":
-                    yield insert, (tenant, partition_shard(u.encode()), hour, u, pos, pos, GROUP, 0)
+                    entry = ref(struct.pack(">q", pos), 0, GROUP.encode())  # conversation seq = pos here
+                    yield insert, (tenant, partition_shard(u.encode()), hour, u, pos, entry)
                 if part != "insert":
                     yield bump, (tenant, u, GROUP)
 

@@ -48,14 +48,28 @@ MARGIN = 2  # hours a cursor read reads past what it returns (clock skew between
 READ_WINDOW = 32  # hours a cursor read reads in one request (`hour IN`)
 CACHED_LIST = 1000  # members of a MailboxShard list from which its partition grouping is cached
 INSERT_ENTRY = (
-    "INSERT INTO {ks}.mailbox (tenant, shard, hour, user_id, pos, conversation_seq, conversation_id, flags) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"  # the message's log position (stamps.py)
+    "INSERT INTO {ks}.mailbox (tenant, shard, hour, user_id, pos, ref) "
+    "VALUES (?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"  # the message's log position (stamps.py)
 )
 MARK_HOUR = "UPDATE {ks}.mailbox_hours USING TIMESTAMP ? SET last_pos = ? WHERE tenant = ? AND hour = ?"
 
 
 _BIGINT = struct.Struct(">q")
 _INT = struct.Struct(">i")
+
+
+_REF = struct.Struct(">qi")  # an entry's ref: conversation seq, flags, then the conversation id (UTF-8)
+
+
+def ref(seq: bytes, flags: int, conversation_id: bytes) -> bytes:
+    """An entry's `ref` cell (ADR-0040): its conversation seq (8 bytes, as packed), flags, conversation."""
+    return seq + _INT.pack(flags) + conversation_id
+
+
+def unref(value: bytes) -> tuple[int, str, int]:
+    """(conversation seq, conversation id, flags) of a `ref` cell."""
+    seq, flags = _REF.unpack_from(value)
+    return seq, value[_REF.size :].decode(), flags
 
 
 def hour_of(at: float) -> int:
@@ -109,7 +123,7 @@ class CassandraMailbox:
         ks = keyspace
         self.statements = Statements.prepare(session, ks)
         self._read: PreparedStatement = session.prepare(
-            f"SELECT pos, conversation_seq, conversation_id, flags FROM {ks}.mailbox "
+            f"SELECT pos, ref FROM {ks}.mailbox "
             "WHERE tenant=? AND shard=? AND hour IN ? AND user_id=? AND pos>? AND pos<=? PER PARTITION LIMIT ?"
         )  # one request for a window of hours: each hour (partition) gives its first `limit` rows
         self._hours: PreparedStatement = session.prepare(
@@ -161,11 +175,11 @@ class CassandraMailbox:
         messages."""
         query_id = (statements or self.statements).insert.query_id
         t, hour = tenant.encode(), _BIGINT.pack(hour_of(refs.at))
-        # a statement: lead, partition shard, hour, member, then mid, flags, end
-        lead, hour_cell = prefix(query_id, 9) + cell(t), cell(hour)
-        mid = cell(_BIGINT.pack(refs.pos)) + cell(_BIGINT.pack(refs.seq)) + cell(refs.conversation_id.encode())
-        end = cell(_BIGINT.pack(stamp(refs.pos)))
-        tail = mid + cell(_INT.pack(refs.flags)) + end
+        # a statement: lead, partition shard, hour, member, then the position, the ref, the stamp
+        lead, hour_cell = prefix(query_id, 7) + cell(t), cell(hour)
+        pos_cell, end = cell(_BIGINT.pack(refs.pos)), cell(_BIGINT.pack(stamp(refs.pos)))
+        seq, cid = _BIGINT.pack(refs.seq), refs.conversation_id.encode()
+        tail = pos_cell + cell(ref(seq, refs.flags, cid)) + end
         key_tenant, key_hour = _key_component(t), _key_component(hour)
         special: dict[int, list[tuple[bytes, int]]] = {}  # partition shard -> its special members' cells, flags
         for u, f in refs.special.items():
@@ -184,7 +198,7 @@ class CassandraMailbox:
                     if present:
                         skip = {c for c, _ in present}
                         cells = [c for c in cells if c not in skip]
-                        body = b"".join(head + c + mid + cell(_INT.pack(f)) + end for c, f in present)
+                        body = b"".join(head + c + pos_cell + cell(ref(seq, f, cid)) + end for c, f in present)
                         pieces.append((body, len(present)))
                 for i in range(0, len(cells), BATCH_ROWS):
                     run = cells[i : i + BATCH_ROWS] if len(cells) > BATCH_ROWS else cells
@@ -278,7 +292,7 @@ class CassandraMailbox:
         listed = [h for h, _ in listing]
         highest = list(accumulate((last for _, last in listing), max))  # the last position up to each hour
         shard = partition_shard(user_id.encode())
-        found: list[tuple[int, int, str, int]] = []
+        found: list[tuple[int, bytes]] = []
         step = self.read_window
         for i in range(0, len(hours), step):
             window = hours[i : i + step]
@@ -294,7 +308,7 @@ class CassandraMailbox:
             if below and sum(1 for r in found if r[0] <= highest[below - 1]) >= limit:
                 break
         found.sort()
-        return [(user_id, pos, seq, cid, flags) for pos, seq, cid, flags in found[:limit]]
+        return [(user_id, pos, *unref(r)) for pos, r in found[:limit]]
 
     def count(self) -> int:
         """A scan of the table (tools and tests)."""
@@ -303,13 +317,8 @@ class CassandraMailbox:
 
     def all_entries(self) -> Iterator[tuple[str, str, int, int, str, int]]:
         """A scan of the table, sorted here (the table is in token order)."""
-        rows = self.session.execute(
-            f"SELECT tenant, user_id, pos, conversation_seq, conversation_id, flags FROM {self.keyspace}.mailbox",
-            timeout=300,
-        )
-        yield from sorted(
-            (r["tenant"], r["user_id"], r["pos"], r["conversation_seq"], r["conversation_id"], r["flags"]) for r in rows
-        )
+        rows = self.session.execute(f"SELECT tenant, user_id, pos, ref FROM {self.keyspace}.mailbox", timeout=300)
+        yield from sorted((r["tenant"], r["user_id"], r["pos"], *unref(r["ref"])) for r in rows)
 
     def sort_key(self, tenant: str, user_id: str, pos: int) -> tuple[str, str, int]:
         return (tenant, user_id, pos)

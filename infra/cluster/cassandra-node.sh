@@ -50,6 +50,7 @@ SEEDS=""; for h in "${CLUSTER_HOSTS[@]}"; do SEEDS+="${SEEDS:+,}$h:$C_SPORT"; do
 sed -e "s#@DATA@#$DATA#g" -e "s#@HOST@#$HOST#g" -e "s#@CQL_PORT@#$C_PORT#g" \
     -e "s#@STORAGE_PORT@#$C_SPORT#g" -e "s#@CLUSTER@#fanout-cluster#g" -e "s#@COMMITLOG@#$COMMITLOG#g" \
     -e "s#@CONCURRENT_WRITES@#${FANOUT_ENGINES_CASSANDRA_CONCURRENT_WRITES:-128}#g" \
+    -e "s#@MEMTABLE_HEAP@#${FANOUT_ENGINES_CASSANDRA_MEMTABLE_HEAP:-128MiB}#g" \
     -e "s#- seeds: .*#- seeds: \"$SEEDS\"#" \
     -e "s#^hinted_handoff_enabled: false#hinted_handoff_enabled: true\nmax_hint_window: 3h#" \
     "$ENGINES_HERE/cassandra.yaml.tmpl" > "$CONF/cassandra.yaml"

@@ -18,6 +18,7 @@
 #   FANOUT_ENGINES_CASSANDRA_KEYSPACE      keyspace named in the printed URL, default fanout
 #   FANOUT_ENGINES_CASSANDRA_CONCURRENT_WRITES  mutation threads, default 128 (with the batch commit log
 #                                          each waits for its fsync: see ADR-0033)
+#   FANOUT_ENGINES_CASSANDRA_MEMTABLE_HEAP  memtable_heap_space, default 128MiB (a size with its unit)
 #   FANOUT_ENGINES_CASSANDRA_MLOCK=1       let Cassandra mlockall (as root that pins the whole heap)
 #   FANOUT_ENGINES_CASSANDRA_COMMITLOG     batch (default: a write is acknowledged once fsynced),
 #                                          group (fsync every FANOUT_ENGINES_CASSANDRA_GROUP_WINDOW, default 15ms:
@@ -42,6 +43,8 @@ case "${FANOUT_ENGINES_CASSANDRA_COMMITLOG:-batch}" in
   *) echo "cassandra-up: FANOUT_ENGINES_CASSANDRA_COMMITLOG must be group, batch or periodic" >&2; exit 2 ;;
 esac
 CONCURRENT_WRITES="${FANOUT_ENGINES_CASSANDRA_CONCURRENT_WRITES:-128}"
+MEMTABLE_HEAP="${FANOUT_ENGINES_CASSANDRA_MEMTABLE_HEAP:-128MiB}"
+[[ "$MEMTABLE_HEAP" =~ ^[1-9][0-9]*(MiB|GiB)$ ]] || { echo "cassandra-up: FANOUT_ENGINES_CASSANDRA_MEMTABLE_HEAP must be a size such as 128MiB or 1GiB" >&2; exit 2; }
 [[ "$CONCURRENT_WRITES" =~ ^[1-9][0-9]*$ ]] || { echo "cassandra-up: FANOUT_ENGINES_CASSANDRA_CONCURRENT_WRITES must be a positive integer" >&2; exit 2; }
 KEYSPACE="${FANOUT_ENGINES_CASSANDRA_KEYSPACE:-fanout}"
 LIB="$ENGINES_CACHE/cassandra-$VERSION"
@@ -91,7 +94,7 @@ mkdir -p "$CONF/triggers" "$DATA" "$LOGS"
 [[ -f "$LOGS/system.log" ]] && mv -f "$LOGS/system.log" "$LOGS/system.log.prev"
 sed -e "s#@DATA@#$DATA#g" -e "s#@HOST@#127.0.0.1#g" -e "s#@CQL_PORT@#$PORT#g" \
     -e "s#@STORAGE_PORT@#$SPORT#g" -e "s#@CLUSTER@#fanout-local#g" -e "s#@COMMITLOG@#$COMMITLOG#g" \
-    -e "s#@CONCURRENT_WRITES@#$CONCURRENT_WRITES#g" \
+    -e "s#@CONCURRENT_WRITES@#$CONCURRENT_WRITES#g" -e "s#@MEMTABLE_HEAP@#$MEMTABLE_HEAP#g" \
     "$ENGINES_HERE/cassandra.yaml.tmpl" > "$CONF/cassandra.yaml"
 cp "$ENGINES_HERE/cassandra-logback.xml" "$CONF/logback.xml"
 mapfile -t JOPTS < <(grep -E '^-' "$ENGINES_HERE/cassandra-jvm.options")

@@ -257,16 +257,35 @@ def test_demo_distributed_runs_end_to_end(
 # -- a keyspace of the mailbox layout before ADR-0038 -----------------------------------------
 
 
+OLD_MAILBOX_LAYOUTS = {
+    "ADR-0038": (  # before it: a partition per member
+        "CREATE TABLE {ks}.mailbox (tenant text, user_id text, pos bigint, conversation_seq bigint, "
+        "conversation_id text, flags int, PRIMARY KEY ((tenant, user_id), pos))",
+        "INSERT INTO {ks}.mailbox (tenant, user_id, pos, conversation_seq, conversation_id, flags) "
+        "VALUES ('acme', 'a', 1, 1, 'g', 0)",
+    ),
+    "ADR-0040": (  # before it: an entry in three cells
+        "CREATE TABLE {ks}.mailbox (tenant text, shard int, hour bigint, user_id text, pos bigint, "
+        "conversation_seq bigint, conversation_id text, flags int, PRIMARY KEY ((tenant, shard, hour), user_id, pos))",
+        "INSERT INTO {ks}.mailbox (tenant, shard, hour, user_id, pos, conversation_seq, conversation_id, flags) "
+        "VALUES ('acme', 7, 480000, 'a', 1, 1, 'g', 0)",
+    ),
+}
+
+
+@pytest.mark.parametrize("adr", sorted(OLD_MAILBOX_LAYOUTS))
 def test_a_keyspace_with_the_old_mailbox_layout_is_refused_with_what_to_do(
     fresh_postgres: str,
     fresh_kafka: str,
     fresh_cassandra: str,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
+    adr: str,
 ) -> None:
-    """A keyspace made before ADR-0038 keys its `mailbox` table by member: opened as it is,
-    the views would read its entries as absent (or every write would fail). The tools refuse
-    it in one line naming the keyspace and what to do, and change nothing in it."""
+    """A keyspace made before ADR-0038 keys its `mailbox` table by member, one made before
+    ADR-0040 keeps an entry in three cells: opened as it is, the views would read its entries
+    as absent (or every write would fail). The tools refuse it in one line naming the keyspace,
+    the ADR and what to do, and change nothing in it."""
     from cassandra.cluster import Cluster as DriverCluster
 
     c = cassandra_settings(fresh_cassandra)
@@ -276,14 +295,8 @@ def test_a_keyspace_with_the_old_mailbox_layout_is_refused_with_what_to_do(
         session.execute(
             f"CREATE KEYSPACE {c.keyspace} WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': 1}}"
         )
-        session.execute(
-            f"CREATE TABLE {c.keyspace}.mailbox (tenant text, user_id text, pos bigint, conversation_seq bigint, "
-            "conversation_id text, flags int, PRIMARY KEY ((tenant, user_id), pos))"
-        )
-        session.execute(
-            f"INSERT INTO {c.keyspace}.mailbox (tenant, user_id, pos, conversation_seq, conversation_id, flags) "
-            "VALUES ('acme', 'a', 1, 1, 'g', 0)"
-        )
+        for statement in OLD_MAILBOX_LAYOUTS[adr]:
+            session.execute(statement.format(ks=c.keyspace))
         use_engines(
             monkeypatch,
             {"FANOUT_EVENT_STORE": fresh_postgres, "FANOUT_LOG": fresh_kafka, "FANOUT_VIEWS": fresh_cassandra},
@@ -291,7 +304,7 @@ def test_a_keyspace_with_the_old_mailbox_layout_is_refused_with_what_to_do(
         code, out, err = run(capsys, "verify")
         assert code == 2, out + err
         assert err.count("\n") == 1 and "Traceback" not in err
-        assert c.keyspace in err and "ADR-0038" in err and "new keyspace" in err
+        assert c.keyspace in err and adr in err and "new keyspace" in err
         tables = {
             r[0]
             for r in session.execute(

@@ -154,7 +154,7 @@ def test_the_mailbox_rows_are_each_members_insert_once_routed_by_its_partition(
     BATCH_ROWS statements and is routed by its first statement's partition; a part of
     several partitions is a small message's (no part splits a partition's run of under
     BATCH_ROWS rows)."""
-    from adapters.cassandra.mailbox import BATCH_ROWS, CACHED_LIST, hour_of, routing_key
+    from adapters.cassandra.mailbox import BATCH_ROWS, CACHED_LIST, hour_of, routing_key, unref
     from adapters.cassandra.stamps import stamp
     from projections.ports import MessageRefs
     from projections.sharding import shard_of
@@ -183,11 +183,28 @@ def test_the_mailbox_rows_are_each_members_insert_once_routed_by_its_partition(
         t, shard, h = statements[0][1][:3]
         assert part.key == routing_key((t, shard, h))
         for qid, values in statements:
-            assert qid == QUERY_ID and len(values) == 9
-            t, shard, h, user, p, seq, cid, f, ts = values
-            assert (t, h, cid) == ("tenant-é".encode(), hour, b"c/1")
+            assert qid == QUERY_ID and len(values) == 7
+            t, shard, h, user, p, entry, ts = values
+            assert (t, h) == ("tenant-é".encode(), hour)
             assert struct.unpack(">i", shard)[0] == zlib.crc32(user) % 1024
-            assert (p, seq, ts) == (struct.pack(">q", pos), struct.pack(">q", pos + 1), struct.pack(">q", stamp(pos)))
+            assert (p, ts) == (struct.pack(">q", pos), struct.pack(">q", stamp(pos)))
+            seq, cid, f = unref(entry)
+            assert (seq, cid) == (pos + 1, "c/1")
             seen.setdefault(user, []).append(f)
-    expected = {u.encode(): [struct.pack(">i", special.get(u, flags))] * (2 if cached else 1) for u in users}
+    expected = {u.encode(): [special.get(u, flags)] * (2 if cached else 1) for u in users}
     assert seen == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(-(2**63), 2**63 - 1),
+    st.integers(-(2**31), 2**31 - 1),
+    st.text(max_size=40),  # conversation ids are the client's: any text, any length
+)
+def test_an_entrys_ref_cell_reads_back_what_was_written(seq: int, flags: int, conversation_id: str) -> None:
+    """ADR-0040's one cell: seq, flags and the conversation id come back as written, whatever
+    the id holds (a NUL, a digit at its start, characters outside the BMP)."""
+    from adapters.cassandra.mailbox import ref, unref
+
+    value = ref(struct.pack(">q", seq), flags, conversation_id.encode())
+    assert unref(value) == (seq, conversation_id, flags)
