@@ -134,6 +134,21 @@ class _RuntimeCollector:
             "Events in the log not yet projected into the views",
             value=max(0, log_position - rt.position()),
         )
+        guard = rt.clock_guard
+        if guard is not None:  # an API replica of the distributed runtime (ADR-0041)
+            skew = GaugeMetricFamily(
+                "fanout_clock_skew_seconds",
+                "This replica's clock minus the event store's at the last health check (writes refused "
+                "UNAVAILABLE clock_skew beyond FANOUT_MAX_CLOCK_SKEW); absent until measured",
+            )
+            if guard.skew is not None:
+                skew.add_metric([], guard.skew)
+            yield skew
+            yield CounterMetricFamily(
+                "fanout_clock_skew_refusals",
+                "Writes this replica refused for its clock (ADR-0041)",
+                value=guard.refusals,
+            )
         yield CounterMetricFamily(
             "fanout_review_triggers",
             "Reviews opened by T1/T2 (they only open a review; a person decides)",

@@ -60,6 +60,7 @@ class Unavailable(FanoutError):
     min_position in time (`details.position`, `retry_after_ms`); a write refused because
     the read side is too far behind, the disk is full or a connection bound is reached
     (`details.reason`: projection_lag, projector_failed, storage_full, storage_error,
-    too_many_connections; ADR-0010). HTTP 503 with Retry-After."""
+    too_many_connections; ADR-0010), or the replica's clock too far from the event store's
+    (clock_skew, ADR-0041). HTTP 503 with Retry-After."""
 
     code = "UNAVAILABLE"

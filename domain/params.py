@@ -69,6 +69,9 @@ class Parameters:
     max_projection_lag_entries: int = 10_000_000
     # open WebSockets; more are answered ERROR{UNAVAILABLE} and closed (1013)
     max_connections: int = 10_000
+    # seconds an API replica's clock may differ from the event store's before it refuses the
+    # writes it stamps (ADR-0041; 0 turns the check off: replicas sharing a test's fake clock)
+    max_clock_skew: float = 300.0
     # ADR-0003's re-review conditions watched (ADR-0026): (1) T1 or T2 firing this long without
     # a break; (4) the initial estimate of the mailbox layer's unit cost, microseconds of the
     # mailbox store's write per entry (1 / mailbox_write_budget: 400k entries/s -> 2.5 us);

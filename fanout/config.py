@@ -25,6 +25,7 @@ class EngineUnavailable(RuntimeError):
 
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+MAX_CLOCK_SKEW_CEILING = 1800.0  # FANOUT_MAX_CLOCK_SKEW's largest value: two replicas at most an hour apart
 
 
 # Variables of the project's tooling, not settings of a fanout process: the engine scripts
@@ -87,6 +88,15 @@ def _at_least_one(text: str) -> float:
     return v
 
 
+def _clock_skew(text: str) -> float:
+    v = parse_duration(text)
+    if v > MAX_CLOCK_SKEW_CEILING:
+        raise ValueError(
+            f"at most {MAX_CLOCK_SKEW_CEILING:.0f}s: the views' cursor reads tolerate replicas an hour apart (ADR-0041)"
+        )
+    return v
+
+
 def _ratio(text: str) -> float:
     v = float(text)
     if not 0 < v <= 1:
@@ -122,6 +132,7 @@ _PARAMS: dict[str, tuple[Callable[[str], Any], Callable[[Any], dict[str, Any]]]]
     "MAX_PROJECTION_LAG_EVENTS": (_positive_int, lambda v: {"max_projection_lag_events": v}),
     "MAX_PROJECTION_LAG_ENTRIES": (_positive_int, lambda v: {"max_projection_lag_entries": v}),
     "MAX_CONNECTIONS": (_positive_int, lambda v: {"max_connections": v}),
+    "MAX_CLOCK_SKEW": (_clock_skew, lambda v: {"max_clock_skew": v}),
     "REREVIEW_HOLD": (parse_duration, lambda v: {"rereview_hold": v}),
     "MAILBOX_UNIT_COST_ESTIMATE_US": (_positive_float, lambda v: {"mailbox_unit_cost_estimate_us": v}),
     "REREVIEW_ALPHA_MAX": (_ratio, lambda v: {"rereview_alpha_max": v}),

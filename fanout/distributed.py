@@ -30,6 +30,7 @@ from typing import Any, Protocol, Self
 from domain.errors import InvalidArgument
 from domain.params import Parameters
 from fanout.application import FanoutApplication
+from fanout.clock_guard import ClockGuard
 from fanout.effects import Effects, push_online
 from fanout.overload import Backpressure
 from fanout.push import PushHub
@@ -93,6 +94,7 @@ class DistributedRuntime:
         route: Callable[[str, str, int], int] | None = None,
         clock: Callable[[], float] = time.time,
         head_cache: HeadCache | None = None,
+        reference_clock: Callable[[Any], float] | None = None,
     ) -> None:
         self.params = params
         # the heads the views' logins read, kept while the workers' records say they hold (ADR-0035);
@@ -119,6 +121,13 @@ class DistributedRuntime:
             max_entries=params.max_projection_lag_entries,
         )
         self.app.recorded_listeners.append(self.backpressure.recorded)
+        # reference_clock(recorder): the event store's time (fanout.event_store.database_clock),
+        # which this replica's clock, the one its sends are stamped with, is held to (ADR-0041)
+        self.clock_guard: ClockGuard | None = None
+        if reference_clock is not None and params.max_clock_skew > 0:
+            recorder = self.app.recorder
+            self.clock_guard = ClockGuard(lambda: reference_clock(recorder), clock, params.max_clock_skew)
+            self.backpressure.gates.append(self.clock_guard.check)
         self.review_triggers = 0  # opened by the workers' capacity projections, not here
         self.started_at = time.time()
         self.health: dict[str, Any] = {}
@@ -227,6 +236,12 @@ class DistributedRuntime:
             except Exception as exc:
                 out[name] = None
                 out.setdefault("errors", {})[name] = f"{type(exc).__name__}: {exc}"[:300]
+        if self.clock_guard is not None:
+            skew = self.clock_guard.measure()
+            out["clock_skew_seconds"] = None if skew is None else round(skew, 3)
+            if self.clock_guard.over(skew):
+                assert skew is not None
+                out.setdefault("errors", {})["clock"] = self.clock_guard.describe(skew)
         if out.get("workers"):
             # Held by no live worker: nothing projects them (a rebalance in progress, or too few workers).
             held = self.links.worker_partitions()
@@ -318,6 +333,8 @@ class DistributedRuntime:
     def start(self) -> Self:
         if self.running:
             return self
+        if self.clock_guard is not None:
+            self.clock_guard.measure()  # before the first send: a replica started off the clock refuses from the start
         self._pushes = self.links.subscribe_pushes(lambda d: self._effects((d,)), self._on_tracked)
         for target, name in ((self._watch, "fanout-watermark"), (self._check_health, "fanout-health")):
             t = threading.Thread(target=target, name=name, daemon=True)

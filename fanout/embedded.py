@@ -14,6 +14,7 @@ from typing import Any, Protocol, Self
 
 from domain.params import Parameters
 from fanout.application import FanoutApplication
+from fanout.clock_guard import ClockGuard
 from fanout.overload import Backpressure
 from fanout.push import PushHub
 from fanout.queries import Queries
@@ -74,6 +75,7 @@ class EmbeddedRuntime:
     `bootstrap`, which hands it its adapters."""
 
     head_cache: HeadCache | None = None  # one SQLite statement answers the login: nothing to keep (ADR-0035)
+    clock_guard: ClockGuard | None = None  # one process stamps every send: its clock agrees with itself (ADR-0041)
 
     def __init__(
         self,

@@ -16,6 +16,8 @@
   a server that does not answer or a refused login is one line naming the URL (without
   its password) and what to do, not eventsourcing's "couldn't get a connection after
   5.00 sec".
+* `database_clock`: the server's time, which the API replicas measure their clocks against
+  (ADR-0041).
 * `binary_insert`: the recorders' INSERT sends its array of stored events in psycopg's
   binary format (ADR-0037): the library's statement lets psycopg pick the text format, whose
   composite dumper escapes every field (the state's bytea too) with regular expressions:
@@ -86,6 +88,16 @@ def advisory_lock(datastore: PostgresDatastore, key: int, timeout: float = LOCK_
             yield
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
+def database_clock(recorder: Any) -> float:
+    """The PostgreSQL server's time (seconds since the epoch, `clock_timestamp()`: now, not the
+    transaction's start) on a connection of the recorder's pool: the one clock every replica
+    shares, which each measures its own against (fanout/clock_guard.py, ADR-0041)."""
+    datastore: PostgresDatastore = recorder.datastore
+    with datastore.get_connection() as conn:
+        row: Any = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8 AS now").fetchone()
+        return float(row["now"])
 
 
 def _sqlstate(exc: BaseException) -> str | None:

@@ -18,7 +18,7 @@ import resource
 import sqlite3
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -146,6 +146,9 @@ class Backpressure:
         self._projected = 0  # entries written through the last pruned send
         self._lock = threading.Lock()
         self.refusals = 0
+        # more refusals of the same kind, checked first, each raising Unavailable (O(1), no
+        # query): an API replica's clock guard (fanout/clock_guard.py, ADR-0041)
+        self.gates: list[Callable[[], None]] = []
 
     def recorded(self, positions: Sequence[tuple[int, int]]) -> None:
         """After a save (in the writer's lock): (position, mailbox entries) per event."""
@@ -167,7 +170,10 @@ class Backpressure:
             return max(0, self.written - committed), self._total - self._projected
 
     def check(self) -> None:
-        """Raise Unavailable when a write now would be acknowledged but not materialized."""
+        """Raise Unavailable when a write now would be acknowledged but not materialized (or
+        materialized where the reads would not find it: a gate's refusal)."""
+        for gate in self.gates:
+            gate()
         failed = self.runner.last_error
         if failed is not None:
             self.refusals += 1

@@ -13,6 +13,7 @@ from typing import Any, Protocol, Self
 
 from domain.params import Parameters
 from fanout.application import FanoutApplication
+from fanout.clock_guard import ClockGuard
 from fanout.overload import Backpressure
 from fanout.push import PushHub
 from fanout.queries import Queries
@@ -30,6 +31,7 @@ class Runtime(Protocol):
     review_triggers: int  # reviews opened by T1/T2 since start
     views: ViewStore  # the views the queries read (the re-review watch keeps its memo there)
     head_cache: HeadCache | None  # the heads kept for logins (an API replica of the distributed runtime, ADR-0035)
+    clock_guard: ClockGuard | None  # this replica's clock held to the event store's (distributed, ADR-0041)
 
     # -- the projectors ---------------------------------------------------------
 

@@ -16,7 +16,9 @@ wins: its write timestamp is the stamp of that position). A cursor read (`read`)
 tenant's hours from the newest back to the cursor, then reads the user's rows in those hours,
 oldest first, READ_WINDOW hours a request, and stops once `limit` rows are certain to be the first:
 it assumes a message of hour h has a greater position than every message of hour h - MARGIN -
-1 or earlier, i.e. the replicas' clocks are within an hour of each other.
+1 or earlier, i.e. the replicas' clocks are within an hour of each other: each API replica
+refuses writes while its clock is further than FANOUT_MAX_CLOCK_SKEW (5 minutes, at most 30)
+from PostgreSQL's (fanout/clock_guard.py, ADR-0041).
 
 Every row is an upsert of the same key with the same values and the same write timestamp (the
 message's log position, adapters/cassandra/stamps.py), so writing the same refs again changes

@@ -48,7 +48,7 @@ def bootstrap_distributed(
     store (tables created if absent), the views in Cassandra (keyspace and tables created if
     absent), pushes and health from Kafka. The relay and the workers run apart
     (`fanout relay`, `fanout worker`)."""
-    from fanout.event_store import check_event_store
+    from fanout.event_store import check_event_store, database_clock
     from streams.replica_links import KafkaReplicaLinks  # Kafka's client: when this runtime is built
 
     kafka = kafka_settings(settings.log)
@@ -79,6 +79,7 @@ def bootstrap_distributed(
             route=conversation_partition,
             clock=clock,
             head_cache=head_cache,
+            reference_clock=database_clock,  # this replica's clock held to PostgreSQL's (ADR-0041)
         )
     except BaseException:
         if built is not None:

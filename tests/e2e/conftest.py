@@ -111,6 +111,7 @@ _SETTINGS: dict[str, tuple[str, Callable[[Any], str]]] = {
     "max_projection_lag_events": ("MAX_PROJECTION_LAG_EVENTS", str),
     "max_projection_lag_entries": ("MAX_PROJECTION_LAG_ENTRIES", str),
     "max_connections": ("MAX_CONNECTIONS", str),
+    "max_clock_skew": ("MAX_CLOCK_SKEW", lambda v: f"{v!r}s"),
     "rereview_hold": ("REREVIEW_HOLD", lambda v: f"{v!r}s"),
     "mailbox_unit_cost_estimate_us": ("MAILBOX_UNIT_COST_ESTIMATE_US", repr),
     "rereview_alpha_max": ("REREVIEW_ALPHA_MAX", repr),

@@ -55,6 +55,10 @@ async def test_metrics_expose_every_documented_series_in_prometheus_text(api: Ap
     if api.server.kind == "distributed":  # an API replica keeps the heads its logins read (ADR-0035)
         for name in ("fanout_head_cache_heads_total", "fanout_head_cache_resets_total", "fanout_head_cache_size"):
             assert f"\n{name}" in text, name
+        # and holds its clock to the event store's (ADR-0041): the same host, so within a second
+        skew = next(line for line in text.splitlines() if line.startswith("fanout_clock_skew_seconds "))
+        assert abs(float(skew.split()[1])) < 1.0, skew
+        assert "\nfanout_clock_skew_refusals_total 0.0" in text
 
 
 async def test_the_openapi_document_describes_every_route_the_app_registers(api: Api, server: Server) -> None:
