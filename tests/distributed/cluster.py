@@ -105,6 +105,26 @@ def cluster_for(urls: dict[str, str], logs: Path, **settings: Any) -> Cluster:
     return Cluster(urls, logs, {k: str(v) for k, v in settings.items()})
 
 
+@contextlib.contextmanager
+def running_cluster(postgres: str, kafka: str, cassandra: str, logs: Path, **settings: Any) -> Iterator[Cluster]:
+    """A deployment on the fresh namespace's URLs: a replica first (it creates the event
+    store's tables and the keyspace before the others start), the relay, one worker holding
+    every partition; closed after. Sends of one sender are not rate-limited (1000/s)."""
+    c = cluster_for(
+        {"FANOUT_EVENT_STORE": postgres, "FANOUT_LOG": kafka, "FANOUT_VIEWS": cassandra},
+        logs,
+        **{"FANOUT_PER_SENDER_IN_CONVERSATION_RATE": "1000/s", **settings},
+    )
+    try:
+        c.replica()
+        c.start("relay")
+        c.start("worker")
+        c.wait_workers(1)
+        yield c
+    finally:
+        c.close()
+
+
 def create_namespace(engines: Mapping[str, str], partitions: int = 4, *, schema: bool = False) -> dict[str, str]:
     """FANOUT_EVENT_STORE, FANOUT_LOG, FANOUT_VIEWS naming a new PostgreSQL database, Kafka
     topic and Cassandra keyspace on the shared engines (the topic is created by the relay);

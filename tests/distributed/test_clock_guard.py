@@ -21,7 +21,7 @@ from fanout.bootstrap.replica import bootstrap_distributed
 from fanout.config import load_settings
 from fanout.distributed import DistributedRuntime
 from fanout.security import mint_token
-from tests.distributed.cluster import Cluster, cluster_for
+from tests.distributed.cluster import Cluster, running_cluster
 
 T = "acme"
 SECRET = "clock-guard-" + "x" * 40
@@ -29,19 +29,8 @@ SECRET = "clock-guard-" + "x" * 40
 
 @pytest.fixture
 def cluster(fresh_postgres: str, fresh_kafka: str, fresh_cassandra: str, tmp_path: Path) -> Iterator[Cluster]:
-    c = cluster_for(
-        {"FANOUT_EVENT_STORE": fresh_postgres, "FANOUT_LOG": fresh_kafka, "FANOUT_VIEWS": fresh_cassandra},
-        tmp_path / "logs",
-        FANOUT_PER_SENDER_IN_CONVERSATION_RATE="1000/s",
-    )
-    try:
-        c.replica()  # creates the event store tables and the keyspace before the others start
-        c.start("relay")
-        c.start("worker")
-        c.wait_workers(1)  # so /readyz has nothing but the clock to say
+    with running_cluster(fresh_postgres, fresh_kafka, fresh_cassandra, tmp_path / "logs") as c:
         yield c
-    finally:
-        c.close()
 
 
 def over_http(rt: DistributedRuntime, calls: list[tuple[str, str, dict[str, Any] | None]]) -> list[tuple[int, Any]]:

@@ -12,26 +12,15 @@ from typing import Any
 import pytest
 
 from fanout import distributed
-from tests.distributed.cluster import Cluster, cluster_for
+from tests.distributed.cluster import Cluster, cluster_for, running_cluster
 
 T = "acme"
 
 
 @pytest.fixture
 def cluster(fresh_postgres: str, fresh_kafka: str, fresh_cassandra: str, tmp_path: Path) -> Iterator[Cluster]:
-    c = cluster_for(
-        {"FANOUT_EVENT_STORE": fresh_postgres, "FANOUT_LOG": fresh_kafka, "FANOUT_VIEWS": fresh_cassandra},
-        tmp_path / "logs",
-        FANOUT_PER_SENDER_IN_CONVERSATION_RATE="1000/s",
-    )
-    try:
-        c.replica()  # creates the event store tables and the keyspace before the others start
-        c.start("relay")
-        c.start("worker")
-        c.wait_workers(1)
+    with running_cluster(fresh_postgres, fresh_kafka, fresh_cassandra, tmp_path / "logs") as c:
         yield c
-    finally:
-        c.close()
 
 
 def test_a_send_reaches_every_mailbox_and_the_session_list(cluster: Cluster) -> None:

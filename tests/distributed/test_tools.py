@@ -23,7 +23,7 @@ from fanout.application import FanoutApplication
 from fanout.bootstrap import bootstrap
 from fanout.clock import FakeClock
 from fanout.urls import cassandra_settings, postgres_env
-from tests.distributed.cluster import Cluster, cluster_for
+from tests.distributed.cluster import Cluster, running_cluster
 
 T = "acme"
 URL_KEYS = ("FANOUT_EVENT_STORE", "FANOUT_LOG", "FANOUT_VIEWS")
@@ -117,19 +117,8 @@ def test_replay_of_the_postgresql_log_equals_the_embedded_one(
 
 @pytest.fixture
 def cluster(fresh_postgres: str, fresh_kafka: str, fresh_cassandra: str, tmp_path: Path) -> Iterator[Cluster]:
-    c = cluster_for(
-        {"FANOUT_EVENT_STORE": fresh_postgres, "FANOUT_LOG": fresh_kafka, "FANOUT_VIEWS": fresh_cassandra},
-        tmp_path / "logs",
-        FANOUT_PER_SENDER_IN_CONVERSATION_RATE="1000/s",
-    )
-    try:
-        c.replica()
-        c.start("relay")
-        c.start("worker")
-        c.wait_workers(1)
+    with running_cluster(fresh_postgres, fresh_kafka, fresh_cassandra, tmp_path / "logs") as c:
         yield c
-    finally:
-        c.close()
 
 
 def traffic(rt: Any, n: int = 300) -> None:
