@@ -8,6 +8,7 @@ the clock is put right the next measurement lets the skewed one write again."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,23 +34,23 @@ def cluster(fresh_postgres: str, fresh_kafka: str, fresh_cassandra: str, tmp_pat
         yield c
 
 
-def over_http(rt: DistributedRuntime, calls: list[tuple[str, str, dict[str, Any] | None]]) -> list[tuple[int, Any]]:
-    """Each (method, path, body) through the replica's API: (status, body) for a GET,
-    (status, (body, headers)) for a POST."""
+Reply = tuple[int, Any, dict[str, str]]  # status, the body (JSON parsed, else text), headers
 
-    async def run() -> list[tuple[int, Any]]:
+
+def over_http(rt: DistributedRuntime, calls: list[tuple[str, str, dict[str, Any] | None]]) -> list[Reply]:
+    """Each (method, path, body) through the replica's API."""
+
+    async def run() -> list[Reply]:
         client = TestClient(TestServer(create_app(rt, SECRET)))
         await client.start_server()
         headers = {"Authorization": f"Bearer {mint_token(SECRET, T, 'service', 'svc')}"}
-        out: list[tuple[int, Any]] = []
+        out: list[Reply] = []
         try:
             for method, path, body in calls:
                 resp = await client.request(method, path, json=body, headers=headers)
                 text = await resp.text()
-                parsed: Any = text
-                if resp.content_type == "application/json":
-                    parsed = await resp.json()
-                out.append((resp.status, parsed if method != "POST" else (parsed, dict(resp.headers))))
+                parsed = json.loads(text) if resp.content_type == "application/json" else text
+                out.append((resp.status, parsed, dict(resp.headers)))
         finally:
             await client.close()
         return out
@@ -71,7 +72,7 @@ def test_a_replica_whose_clock_is_off_refuses_the_writes_it_would_stamp(cluster:
     written = right.app.log_position()
 
     send = ("POST", "/v1/conversations/g/messages", {"sender": "a", "text": "what time is it?"})
-    [(status, (body, headers)), (ready_status, ready), (_, metrics)] = over_http(
+    [(status, body, headers), (ready_status, ready, _), (_, metrics, _)] = over_http(
         ahead, [send, ("GET", "/readyz", None), ("GET", "/metrics", None)]
     )
     assert status == 503 and body["error"] == "UNAVAILABLE", body
@@ -86,11 +87,11 @@ def test_a_replica_whose_clock_is_off_refuses_the_writes_it_would_stamp(cluster:
     line = next(x for x in metrics.splitlines() if x.startswith("fanout_clock_skew_seconds "))
     assert 7190 < float(line.split()[1]) < 7210
 
-    [(status, (body, _))] = over_http(right, [send])
+    [(status, body, _)] = over_http(right, [send])
     assert status == 201, body  # the replica on the store's clock takes the same send
 
     offset[0] = 0.0  # NTP put the clock right: the next health check measures it
     ahead.check()
-    [(status, (body, _))] = over_http(ahead, [send])
+    [(status, body, _)] = over_http(ahead, [send])
     assert status == 201, body
     assert body["conversation_seq"] == 2
