@@ -11,7 +11,7 @@ import contextlib
 import logging
 import sqlite3
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -125,8 +125,29 @@ async def authenticate(request: web.Request, ws: web.WebSocketResponse) -> Claim
         return None
 
 
+async def send(ws: web.WebSocketResponse, data: bytes) -> None:
+    """One text frame of strict JSON already encoded (strict_json.encode: UTF-8 bytes)."""
+    await ws.send_frame(data, WSMsgType.TEXT)
+
+
+def encoded_frame(frame: dict[str, Any]) -> bytes:
+    """The frame as strict JSON; one that is not (a NaN / Infinity) becomes an ERROR frame,
+    never invalid JSON."""
+    try:
+        return strict_json.encode(frame)
+    except ValueError:
+        log.exception("refusing to send a %s frame that is not strict JSON", frame.get("type"))
+        return strict_json.encode(error_frame(FanoutError("internal error: the frame was not strict JSON")))
+
+
+def next_encoded(frames: Iterator[dict[str, Any]]) -> bytes | None:
+    """The next frame read and encoded (both off the event loop), None after the last."""
+    frame = next(frames, None)
+    return None if frame is None else encoded_frame(frame)
+
+
 async def refuse(ws: web.WebSocketResponse, error: FanoutError, *, code: int = WSCloseCode.POLICY_VIOLATION) -> None:
-    await ws.send_json(error_frame(error), dumps=strict_json.dumps)
+    await send(ws, encoded_frame(error_frame(error)))
     await ws.close(code=code, message=error.code.encode())
 
 
@@ -144,11 +165,11 @@ async def session(request: web.Request, ws: web.WebSocketResponse, claims: Claim
     rt.hub.register(conn)
     writer: asyncio.Task[None] | None = None
     try:
-        await ws.send_json({"type": "AUTH_OK", "user_id": claims.sub, "tenant": claims.tenant}, dumps=strict_json.dumps)
+        await send(ws, encoded_frame({"type": "AUTH_OK", "user_id": claims.sub, "tenant": claims.tenant}))
         batches = rt.queries.session_batches(claims.tenant, claims.sub)
-        try:  # produced lazily: each batch is read off the loop and sent before the next is read
-            while (frame := await blocking(app, next, batches, None)) is not None:
-                await ws.send_json(frame, dumps=strict_json.dumps)
+        try:  # produced lazily: each batch read and encoded off the loop, sent before the next is read
+            while (data := await blocking(app, next_encoded, batches)) is not None:
+                await send(ws, data)
         finally:  # a generator: release its read cursor even if the client left mid-list
             close = getattr(batches, "close", None)
             if close is not None:
@@ -173,12 +194,7 @@ async def write(ws: web.WebSocketResponse, queue: asyncio.Queue[dict[str, Any]])
     while not ws.closed:
         frame = await queue.get()
         try:
-            try:
-                text = strict_json.dumps(frame)
-            except ValueError:  # a NaN / Infinity in a frame: an ERROR frame, never invalid JSON
-                log.exception("refusing to send a %s frame that is not strict JSON", frame.get("type"))
-                text = strict_json.dumps(error_frame(FanoutError("internal error: the frame was not strict JSON")))
-            await ws.send_str(text)
+            await send(ws, encoded_frame(frame))
         except (ConnectionError, RuntimeError):  # the peer went away; the reader ends the session
             return
 

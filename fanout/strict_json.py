@@ -12,13 +12,17 @@ and everything the server and the CLI emit goes through `dumps`.
 * strings with lone surrogates (`"\\ud800"`), which no UTF-8 store can hold;
 * duplicate keys in an object (which one wins is undefined in JSON).
 
-`dumps` never writes `NaN` or `Infinity`: a non-finite float is a ValueError naming it."""
+`dumps` never writes `NaN` or `Infinity`: a non-finite float is a ValueError naming it.
+`encode` is the same promise as compact UTF-8 bytes, 3-4x faster: what the server sends
+(WebSocket frames, HTTP bodies; ADR-0042)."""
 
 from __future__ import annotations
 
 import json
 import math
 from typing import Any
+
+import pydantic_core
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -127,3 +131,20 @@ def dumps(value: Any, **kwargs: Any) -> str:
         return json.dumps(value, allow_nan=False, **kwargs)
     except ValueError as exc:
         raise ValueError(f"refusing to emit invalid JSON: {exc}") from None
+
+
+def encode(value: Any) -> bytes:
+    """Strict JSON of `value` as compact UTF-8 bytes: every frame and body the server sends.
+
+    pydantic_core's serializer (Rust): a 5,000-session login list in ~7 ms against ~25 ms for
+    `json.dumps` (ADR-0042). It writes a non-finite float as `NaN` / `Infinity` instead of
+    refusing it, so output holding either token is encoded again by `dumps`, which refuses a
+    real one (ValueError) and encodes a string that merely contains the word the slow way.
+    What it cannot encode (a lone surrogate: escaped, as `dumps` does) also goes the slow way."""
+    try:
+        out = pydantic_core.to_json(value)
+    except (pydantic_core.PydanticSerializationError, TypeError, ValueError):
+        return dumps(value, separators=(",", ":")).encode("ascii")
+    if b"NaN" in out or b"Infinity" in out:
+        return dumps(value, separators=(",", ":")).encode("ascii")
+    return out

@@ -101,3 +101,40 @@ def test_a_review_takes_finite_decision_parameters() -> None:
     review = open_review()
     review.decide("enable_mention_only", "ops", 1.0, 20_000, 0.05)
     assert review.decision_params == {"read_diffusion_min_saving": 20000.0, "read_diffusion_max_active_ratio": 0.05}
+
+
+# encode (ADR-0042): the server's fast path must say exactly what dumps says, and refuse what
+# it refuses, whatever the value: non-finite floats anywhere, strings that merely contain the
+# words NaN / Infinity (the fast path's tell), lone surrogates, non-ASCII text.
+tricky_text = st.lists(
+    st.sampled_from(["NaN", "Infinity", "-Infinity", "a", "é", "\u2028", '"', "\\", "\ud800", "\x00"]), max_size=5
+).map("".join)
+any_values = st.recursive(
+    st.none() | st.booleans() | st.integers(INT64_MIN, INT64_MAX) | st.floats() | st.text() | tricky_text,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6) | tricky_text, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(any_values)
+def test_encode_says_what_dumps_says_and_refuses_what_it_refuses(value: Any) -> None:
+    try:
+        expected = strict_json.dumps(value)
+    except ValueError:
+        with pytest.raises(ValueError, match="invalid JSON"):
+            strict_json.encode(value)
+        return
+    data = strict_json.encode(value)
+    data.decode("utf-8")  # always valid UTF-8 (a lone surrogate escaped, as dumps does)
+    assert json.loads(data) == json.loads(expected)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_encode_refuses_non_finite_numbers_beside_their_names(bad: float) -> None:
+    with pytest.raises(ValueError, match="invalid JSON"):
+        strict_json.encode({"preview": "NaN and Infinity", "deep": [1, {"x": bad}]})
+
+
+def test_encode_writes_compact_utf8() -> None:
+    assert strict_json.encode({"a": [1, "é"], "b": None}) == '{"a":[1,"é"],"b":null}'.encode()
