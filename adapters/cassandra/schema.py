@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 import warnings
+import zlib
 from collections.abc import Iterator, Sequence
 
 from cassandra.cluster import Session
@@ -57,6 +58,14 @@ TABLES: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS {ks}.login_index (tenant text, user_id text, bucket bigint, conversation_id text,
     PRIMARY KEY ((tenant, user_id), bucket, conversation_id))
     WITH CLUSTERING ORDER BY (bucket DESC, conversation_id ASC) AND ID = {id}""",
+    # The session list's copy of the heads (ADR-0042): what a login shows of each head, in a
+    # partition per (tenant, SessionHeadShard) so a login reads a user's heads from at most
+    # SESSION_HEAD_SHARDS partitions, not one per conversation. Written after `heads`, from the
+    # same rows with the same stamps; a conversation it lacks is read from `heads`.
+    """CREATE TABLE IF NOT EXISTS {ks}.session_heads (tenant text, shard int, conversation_id text,
+    write_policy text, latest_conversation_seq bigint, broadcasts bigint, last_activity_id text,
+    last_activity_at double, preview text,
+    PRIMARY KEY ((tenant, shard), conversation_id)) WITH ID = {id}""",
     # where each log partition's views stand: the position and the next Kafka offset to read
     """CREATE TABLE IF NOT EXISTS {ks}.log_positions (partition int, position bigint, next_offset bigint,
     PRIMARY KEY (partition)) WITH ID = {id}""",
@@ -99,8 +108,19 @@ TARGET_TABLES: dict[str, tuple[str, ...]] = {
         "reviews",
         "reviews_by_tenant",
         "tiers",
+        "session_heads",
     ),
 }
+
+# The session heads' partitions per tenant (ADR-0042): a login of a user in 5,000 conversations
+# reads at most this many; a tenant of 10M conversations has ~150k rows in each. Changing it
+# moves every row: the keyspace is rebuilt (`fanout rebuild heads`).
+SESSION_HEAD_SHARDS = 64
+
+
+def session_head_shard(conversation_id: str) -> int:
+    """The session_heads partition of a conversation (crc32: stable across processes)."""
+    return zlib.crc32(conversation_id.encode()) % SESSION_HEAD_SHARDS
 
 
 def table_id(keyspace: str, table: str) -> uuid.UUID:

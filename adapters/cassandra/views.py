@@ -38,7 +38,7 @@ from cassandra.query import PreparedStatement
 from adapters.cassandra.batches import Row, grouped
 from adapters.cassandra.connect import TUPLE_ROWS, Connection, open_session, run
 from adapters.cassandra.mailbox import CassandraMailbox, Statements
-from adapters.cassandra.schema import TABLES
+from adapters.cassandra.schema import TABLES, session_head_shard
 from adapters.cassandra.stamps import stamp
 from adapters.cassandra.writer import (
     MEMBER_BATCH_ROWS,
@@ -65,6 +65,10 @@ from projections.state import SessionHead, SessionItem, SessionState, UserConver
 IN_FLIGHT = 200  # requests in the air at once
 PUSH_COUNTS_KEPT = 10_000  # messages whose push count a replica remembers (a message is pushed at once)
 HEADS_PER_READ = 100  # conversation heads read by one request of the login's batched read
+# A login's heads read from the session heads' copy (ADR-0042) when at least this many, and this
+# many of one partition to a request (docs/PERFORMANCE.md section 22)
+COPY_READ_FROM = 500
+COPY_PER_READ = 100
 # rows of the user's states partition per page of the login's read (one page for most users)
 SESSION_STATES_PAGE = 10_000
 
@@ -99,6 +103,7 @@ class CassandraViews:
         # An API replica's cache of the heads its logins read (ADR-0035), fed by the workers'
         # commit records; None elsewhere (workers, tools): every head is read.
         self.head_cache: HeadCache | None = None
+        self.copy_read_from = COPY_READ_FROM  # a login's heads from the session heads' copy from this many
         self._lock = threading.Lock()  # one unit of work at a time
         self._pushes_lock = threading.Lock()
         self._pushed: dict[tuple[str, str, int], int] = {}  # this replica's push counts, the latest kept
@@ -117,6 +122,10 @@ class CassandraViews:
             "head": p(
                 f"INSERT INTO {ks}.heads (tenant, conversation_id, {', '.join(HEAD_COLUMNS)}) "
                 f"VALUES (?, ?, {', '.join('?' * len(HEAD_COLUMNS))}) {ts}"
+            ),
+            "session_head": p(
+                f"INSERT INTO {ks}.session_heads (tenant, shard, {', '.join(SessionHead._fields)}) "
+                f"VALUES (?, ?, {', '.join('?' * len(SessionHead._fields))}) {ts}"
             ),
             "by_aggregate": p(
                 f"INSERT INTO {ks}.heads_by_aggregate (aggregate_id, tenant, conversation_id) VALUES (?, ?, ?) {ts}"
@@ -196,6 +205,10 @@ class CassandraViews:
             ),
             "session_heads": p(
                 f"SELECT {', '.join(SessionHead._fields)} FROM {ks}.heads WHERE tenant=? AND conversation_id IN ?"
+            ),
+            "session_heads_copy": p(
+                f"SELECT {', '.join(SessionHead._fields)} FROM {ks}.session_heads "
+                "WHERE tenant=? AND shard=? AND conversation_id IN ?"
             ),
             "by_aggregate": p(f"SELECT tenant, conversation_id FROM {ks}.heads_by_aggregate WHERE aggregate_id=?"),
             "by_tenant": p(f"SELECT conversation_id, size_bucket FROM {ks}.heads_by_tenant WHERE tenant=?"),
@@ -321,6 +334,9 @@ class CassandraViews:
         run(self.session, early, self.in_flight)
         w.step("heads")
         run(self.session, final, self.in_flight)
+        # the session heads' copy (ADR-0042): after the heads, so it is never newer than they are
+        w.step("session_heads")
+        run(self.session, grouped(w.session_head_rows(ps, ts_of), MEMBER_BATCH_ROWS, self.keyspace), self.in_flight)
         w.step("tracking")
         run(
             self.session,
@@ -411,10 +427,8 @@ class CassandraViews:
         return head_dict(row) if row is not None else None
 
     def heads(self, tenant: str, conversation_ids: Sequence[str], batch: int) -> Iterator[list[SessionHead]]:
-        """One batched read: the heads' partitions, HEADS_PER_READ to a request (`IN` on the
-        partition key's last column), the requests concurrent. One request per head cost
-        about 0.4 ms of client time each: 1.9 s for a user in 5,000 conversations
-        (bench/cassandra_sessions.py)."""
+        """The heads of a login, most recent activity first, `batch` to a list: those the
+        replica's cache holds (ADR-0035), the rest read (`_read_heads`) and cached."""
         ids = list(dict.fromkeys(conversation_ids))
         cache = self.head_cache
         rows: list[SessionHead] = []
@@ -423,21 +437,56 @@ class CassandraViews:
             if cached:
                 rows.extend(cached.values())
                 ids = [c for c in ids if c not in cached]
-        chunks = [(tenant, ids[i : i + HEADS_PER_READ]) for i in range(0, len(ids), HEADS_PER_READ)]
-        results = execute_concurrent_with_args(
-            self.session, self._r["session_heads"], chunks, concurrency=IN_FLIGHT, execution_profile=TUPLE_ROWS
-        )
-        read: list[SessionHead] = []
-        for ok, result in results:
-            if not ok:
-                raise result
-            read.extend(map(SessionHead._make, result))
+        read = self._read_heads(tenant, ids)
         if cache is not None and read:
             cache.fill(ticket, tenant, read)
         rows.extend(read)
         rows.sort(key=lambda h: (-(h.last_activity_at or 0.0), h.conversation_id))
         for i in range(0, len(rows), batch):
             yield rows[i : i + batch]
+
+    def _read_heads(self, tenant: str, ids: list[str]) -> list[SessionHead]:
+        """Many heads from the session heads' copy (ADR-0042): at most SESSION_HEAD_SHARDS
+        partitions, `IN` on their clustering key, the requests concurrent (Cassandra's CPU a
+        head ~4x less than a partition each). The ones it lacks (a unit of work between its
+        heads and its copy, a keyspace written before the copy) are read from `heads`,
+        HEADS_PER_READ partitions a request (`IN` on the partition key's last column), as are
+        all of them when fewer than `copy_read_from` (COPY_READ_FROM): one request then costs less than one
+        per shard."""
+        read: list[SessionHead] = []
+        if len(ids) >= self.copy_read_from:
+            by_shard: dict[int, list[str]] = {}
+            for c in ids:
+                by_shard.setdefault(session_head_shard(c), []).append(c)
+            read = self._read_concurrently(
+                self._r["session_heads_copy"],
+                [
+                    (tenant, shard, part[i : i + COPY_PER_READ])
+                    for shard, part in by_shard.items()
+                    for i in range(0, len(part), COPY_PER_READ)
+                ],
+            )
+            found = {h.conversation_id for h in read}
+            ids = [c for c in ids if c not in found] if len(found) < len(ids) else []
+        if ids:
+            read.extend(
+                self._read_concurrently(
+                    self._r["session_heads"],
+                    [(tenant, ids[i : i + HEADS_PER_READ]) for i in range(0, len(ids), HEADS_PER_READ)],
+                )
+            )
+        return read
+
+    def _read_concurrently(self, statement: PreparedStatement, args: list[tuple[Any, ...]]) -> list[SessionHead]:
+        read: list[SessionHead] = []
+        results = execute_concurrent_with_args(
+            self.session, statement, args, concurrency=IN_FLIGHT, execution_profile=TUPLE_ROWS
+        )
+        for ok, result in results:
+            if not ok:
+                raise result
+            read.extend(map(SessionHead._make, result))
+        return read
 
     def sessions(self, tenant: str, user_id: str, batch: int) -> Iterator[list[SessionItem]]:
         """The two reads (projections/state.py sessions_by_two_reads), each row read as a

@@ -14,6 +14,8 @@ from typing import Any
 
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
+from adapters.cassandra.batches import Row
+from adapters.cassandra.schema import session_head_shard
 from adapters.cassandra.stamps import stamp
 from projections.ports import MessageRefs
 from projections.rows import (
@@ -25,7 +27,7 @@ from projections.rows import (
     head_cells,
     message_cells,
 )
-from projections.state import SessionState, UserConversationState
+from projections.state import SessionHead, SessionState, UserConversationState
 
 BATCH_ROWS = 100  # rows per UNLOGGED batch
 MEMBER_BATCH_ROWS = 250  # rows per batch of round A (member-keyed rows: one partition each)
@@ -358,6 +360,16 @@ class CassandraWriter:
                 (ps["delivery"], (t, c, q, *delivery_cells(r), at, ts_of(t, c)), ROW_BYTES)
             )
 
+    def session_head_rows(self, ps: Mapping[str, PreparedStatement], ts_of: Callable[..., int]) -> list[Row]:
+        """The session heads' copy of each head put (ADR-0042), in its partition's order so a
+        batch holds few partitions; each with its head's stamp."""
+        rows = [
+            (t, session_head_shard(c), c, *(cells[i] for i in _SESSION_HEAD), ts_of(t, c))
+            for (t, c), (cells, _) in self.heads.items()
+        ]
+        rows.sort(key=lambda r: (r[0], r[1], r[2]))
+        return [(ps["session_head"], r) for r in rows]
+
     def head_lookups(self) -> Iterator[tuple[str, str, str, str]]:
         """(tenant, conversation_id, aggregate id, size bucket) of each head put."""
         for (t, c), (cells, _) in self.heads.items():
@@ -369,6 +381,7 @@ _SKIPPING = STATE_COLUMNS.index("skipping")
 _GAP_END = STATE_COLUMNS.index("gap_end")
 _AGGREGATE_ID = HEAD_COLUMNS.index("aggregate_id")
 _SIZE_BUCKET = HEAD_COLUMNS.index("size_bucket")
+_SESSION_HEAD = tuple(HEAD_COLUMNS.index(c) for c in SessionHead._fields[1:])  # after the conversation id
 
 
 def json_body(body: dict[str, Any]) -> dict[str, Any]:

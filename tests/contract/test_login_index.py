@@ -19,13 +19,14 @@ from typing import Any
 
 import pytest
 
+from adapters.cassandra.schema import session_head_shard
 from adapters.cassandra.views import CassandraViews
 from adapters.memory import MemoryViews
 from fanout.bootstrap import open_views
 from fanout.clock import FakeClock
 from fanout.queries import Queries
 from projections.ports import ViewStore
-from projections.state import ACTIVITY_BUCKET
+from projections.state import ACTIVITY_BUCKET, SessionHead
 from tests.contract.test_projection_replay import PARAMS
 from tests.contract.test_projection_replay import apply as apply_unit
 from tests.contract.test_view_store import CassandraKeyspace
@@ -138,4 +139,68 @@ def test_the_login_of_one_history_is_the_same_on_every_backend(
             assert head is not None and r["bucket"] == int(head["last_activity_at"] // ACTIVITY_BUCKET)
     finally:
         sqlite.close()
+        cql.close()
+
+
+def test_the_session_heads_copy_answers_a_login_and_heads_fill_what_it_lacks(
+    log: list[tuple[int, Any]], cassandra: CassandraKeyspace
+) -> None:
+    """ADR-0042: the copy holds every head's session columns in its shard's partition, with
+    the head's stamp; a login reads the copy (shown by a copy row changed behind its back)
+    and reads from `heads` what the copy lacks (rows deleted: a unit between its heads and
+    its copy, a keyspace written before the copy); the items are the memory backend's."""
+    memory = MemoryViews()
+    cql = cassandra.views()
+    try:
+        apply(memory, log)
+        apply(cql, log)
+        reference = {framing: frames(memory, framing) for framing in FRAMINGS}
+        ks = cql.keyspace
+        # the copy: one row per head, in its shard, the head's session columns and stamp
+        heads = {
+            r["conversation_id"]: r
+            for r in cql.session.execute(
+                f"SELECT conversation_id, {', '.join(SessionHead._fields[1:])}, writetime(write_policy) AS ts "
+                f"FROM {ks}.heads WHERE tenant=%s ALLOW FILTERING",
+                (T,),
+            )
+        }
+        copy = {
+            r["conversation_id"]: r
+            for r in cql.session.execute(
+                f"SELECT shard, conversation_id, {', '.join(SessionHead._fields[1:])}, writetime(write_policy) AS ts "
+                f"FROM {ks}.session_heads WHERE tenant=%s ALLOW FILTERING",
+                (T,),
+            )
+        }
+        assert len(heads) == CONVERSATIONS and copy.keys() == heads.keys()
+        for cid, row in copy.items():
+            assert row.pop("shard") == session_head_shard(cid)
+            assert row == heads[cid], cid
+
+        cql.copy_read_from = 1  # every login's heads from the copy
+        for framing in FRAMINGS:
+            assert frames(cql, framing) == reference[framing], f"from the copy, lists of {framing}"
+        # the copy is what was read: a row changed behind the views' back shows
+        victim = reference[100, 100][0][5]["conversation_id"]
+        cql.session.execute(
+            f"UPDATE {ks}.session_heads USING TIMESTAMP %s SET preview='changed' "
+            "WHERE tenant=%s AND shard=%s AND conversation_id=%s",
+            (copy[victim]["ts"] + 1, T, session_head_shard(victim), victim),
+        )
+        shown = {s["conversation_id"]: s["preview"] for f in frames(cql, (100, 100)) for s in f}
+        assert shown[victim] == "changed"
+        cql.copy_read_from = 10**9  # below the threshold: every head from `heads`
+        assert frames(cql, (100, 100)) == reference[100, 100]
+        # rows the copy lacks are read from heads
+        cql.copy_read_from = 1
+        gone = [s["conversation_id"] for s in reference[100, 100][0][::3]]
+        for cid in [*gone, victim]:
+            cql.session.execute(
+                f"DELETE FROM {ks}.session_heads USING TIMESTAMP %s WHERE tenant=%s AND shard=%s AND conversation_id=%s",
+                (copy[cid]["ts"] + 2, T, session_head_shard(cid), cid),
+            )
+        for framing in FRAMINGS:
+            assert frames(cql, framing) == reference[framing], f"copy lacking {len(gone) + 1}, lists of {framing}"
+    finally:
         cql.close()

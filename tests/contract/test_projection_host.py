@@ -201,7 +201,7 @@ class TestSqliteViewsHost(ProjectionHostContract):
 class TestCassandraViewsHost(OnCassandra, ProjectionHostContract):
     """On the running Cassandra: one keyspace for the class, emptied for each store."""
 
-    STEPS = ("body", "mailbox", "rows", "heads", "tracking")  # adapters/cassandra/views.py _commit
+    STEPS = ("body", "mailbox", "rows", "heads", "session_heads", "tracking")  # adapters/cassandra/views.py _commit
 
 
 # -- the host on in-memory views: batches, redelivery, a failed unit, a revoked partition -----------

@@ -253,4 +253,4 @@ class TestCassandraViewsReplay(OnCassandra, ProjectionReplayContract, CommitInRo
     """On the running Cassandra: one keyspace for the class, emptied for each store
     (the reference is built, and snapshotted, before any split point's store)."""
 
-    COMMIT_STEPS = ("mailbox", "rows", "heads", "tracking")  # adapters/cassandra/views.py _commit
+    COMMIT_STEPS = ("mailbox", "rows", "heads", "session_heads", "tracking")  # adapters/cassandra/views.py _commit
