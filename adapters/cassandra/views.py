@@ -5,7 +5,8 @@ makes a crash part-way harmless (ADR-0012, ADR-0025): A. the member-keyed rows (
 entries, user-keyed states), the heads' lookups, reviews / tiers / capacity; B. per
 conversation ONE batch of its messages, delivery records, conversation-keyed states AND
 its head (with the position of the last event applied to it): one partition key, so one
-mutation, applied atomically; C. the tracking positions. Cassandra has no transaction
+mutation, applied atomically; then the session heads' copy of those heads (ADR-0042); C. the
+tracking positions. Cassandra has no transaction
 across partitions: a crash can leave round A (and some conversations of round B) written
 without the tracking, and the projections are idempotent for that
 (tests/contract/test_projection_replay.py).
@@ -281,7 +282,9 @@ class CassandraViews:
         B. per conversation ONE batch of its messages, broadcasts, delivery records,
            conversation-keyed states and its head: one partition key of one keyspace, so one
            mutation, applied atomically (a head lands if and only if its rows do); only the
-           member rows of a conversation too large for one batch go first, in chunks;
+           member rows of a conversation too large for one batch go first, in chunks; then
+           the session heads' copy of the heads (ADR-0042), so the copy is never newer than
+           a head and its rows (a crash before it: the replay writes it);
         C. tracking, last: each position stamped with itself, so it never goes back."""
         ps = self._w
         stamps: dict[tuple[str, ...], int] = {}
