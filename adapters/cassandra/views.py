@@ -339,7 +339,8 @@ class CassandraViews:
         run(self.session, final, self.in_flight)
         # the session heads' copy (ADR-0042): after the heads, so it is never newer than they are
         w.step("session_heads")
-        run(self.session, grouped(w.session_head_rows(ps, ts_of), MEMBER_BATCH_ROWS, self.keyspace), self.in_flight)
+        copies = w.session_head_rows(ps["session_head"].query_id, ts_of)
+        run(self.session, grouped(copies, MEMBER_BATCH_ROWS, self.keyspace), self.in_flight)
         w.step("tracking")
         run(
             self.session,

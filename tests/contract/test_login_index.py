@@ -157,22 +157,14 @@ def test_the_session_heads_copy_answers_a_login_and_heads_fill_what_it_lacks(
         reference = {framing: frames(memory, framing) for framing in FRAMINGS}
         ks = cql.keyspace
         # the copy: one row per head, in its shard, the head's session columns and stamp
-        heads = {
-            r["conversation_id"]: r
-            for r in cql.session.execute(
-                f"SELECT conversation_id, {', '.join(SessionHead._fields[1:])}, writetime(write_policy) AS ts "
-                f"FROM {ks}.heads WHERE tenant=%s ALLOW FILTERING",
-                (T,),
-            )
-        }
-        copy = {
-            r["conversation_id"]: r
-            for r in cql.session.execute(
-                f"SELECT shard, conversation_id, {', '.join(SessionHead._fields[1:])}, writetime(write_policy) AS ts "
-                f"FROM {ks}.session_heads WHERE tenant=%s ALLOW FILTERING",
-                (T,),
-            )
-        }
+        columns = f"conversation_id, {', '.join(SessionHead._fields[1:])}, writetime(write_policy) AS ts"
+
+        def by_conversation(select: str, table: str) -> dict[str, dict[str, Any]]:
+            rows = cql.session.execute(f"SELECT {select} FROM {ks}.{table} WHERE tenant=%s ALLOW FILTERING", (T,))
+            return {r["conversation_id"]: r for r in rows}
+
+        heads = by_conversation(columns, "heads")
+        copy = by_conversation(f"shard, {columns}", "session_heads")
         assert len(heads) == CONVERSATIONS and copy.keys() == heads.keys()
         for cid, row in copy.items():
             assert row.pop("shard") == session_head_shard(cid)

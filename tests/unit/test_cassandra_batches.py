@@ -11,12 +11,14 @@ import zlib
 import pytest
 from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
+from cassandra.cqltypes import DoubleType, Int32Type, LongType, UTF8Type
 from cassandra.protocol import BatchMessage
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.cassandra.batches import Encoded, PackedStatements, cell, grouped, install, joined, prefix, statement
+from adapters.cassandra.writer import SESSION_HEAD_VALUES, session_head_cells
 
 QUERY_ID = bytes(range(16))
 values = st.lists(st.one_of(st.binary(max_size=40), st.none(), st.just(UNSET_VALUE)), min_size=1, max_size=9)
@@ -208,3 +210,33 @@ def test_an_entrys_ref_cell_reads_back_what_was_written(seq: int, flags: int, co
 
     value = ref(struct.pack(">q", seq), flags, conversation_id.encode())
     assert unref(value) == (seq, conversation_id, flags)
+
+
+head_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    head_text,
+    st.integers(0, 2**31 - 1),
+    head_text,
+    st.tuples(
+        st.none() | head_text,
+        st.none() | st.integers(-(2**63), 2**63 - 1),
+        st.none() | st.integers(-(2**63), 2**63 - 1),
+        st.none() | head_text,
+        st.none() | st.floats(allow_nan=False),
+        st.none() | head_text,
+    ),
+    st.integers(-(2**63), 2**63 - 1),
+)
+def test_a_session_heads_row_is_serialized_as_the_driver_would(
+    tenant: str, shard: int, conversation_id: str, head: tuple, ts: int
+) -> None:
+    """ADR-0042: the copy's insert is serialized here; its cells are the driver's encoding of
+    each column's type (text, int, bigint, double), a null as length -1."""
+    types = (UTF8Type, Int32Type, UTF8Type, UTF8Type, LongType, LongType, UTF8Type, DoubleType, UTF8Type, LongType)
+    values = (tenant, shard, conversation_id, *head, ts)
+    assert len(values) == SESSION_HEAD_VALUES
+    expected = b"".join(cell(None if v is None else t.serialize(v, 4)) for t, v in zip(types, values, strict=True))
+    assert session_head_cells(tenant.encode(), shard, conversation_id, head, ts) == expected
