@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import uuid
 import warnings
-import zlib
 from collections.abc import Iterator, Sequence
 
 from cassandra.cluster import Session
@@ -60,7 +59,7 @@ TABLES: tuple[str, ...] = (
     WITH CLUSTERING ORDER BY (bucket DESC, conversation_id ASC) AND ID = {id}""",
     # The session list's copy of the heads (ADR-0042): what a login shows of each head, in a
     # partition per (tenant, SessionHeadShard) so a login reads a user's heads from at most
-    # SESSION_HEAD_SHARDS partitions, not one per conversation. Written after `heads`, from the
+    # SESSION_HEAD_SHARDS partitions (session_heads.py), not one per conversation. Written after `heads`, from the
     # same rows with the same stamps; a conversation it lacks is read from `heads`.
     """CREATE TABLE IF NOT EXISTS {ks}.session_heads (tenant text, shard int, conversation_id text,
     write_policy text, latest_conversation_seq bigint, broadcasts bigint, last_activity_id text,
@@ -111,16 +110,6 @@ TARGET_TABLES: dict[str, tuple[str, ...]] = {
         "session_heads",
     ),
 }
-
-# The session heads' partitions per tenant (ADR-0042): a login of a user in 5,000 conversations
-# reads at most this many; a tenant of 10M conversations has ~150k rows in each. Changing it
-# moves every row: the keyspace is rebuilt (`fanout rebuild heads`).
-SESSION_HEAD_SHARDS = 64
-
-
-def session_head_shard(conversation_id: str) -> int:
-    """The session_heads partition of a conversation (crc32: stable across processes)."""
-    return zlib.crc32(conversation_id.encode()) % SESSION_HEAD_SHARDS
 
 
 def table_id(keyspace: str, table: str) -> uuid.UUID:

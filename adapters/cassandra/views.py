@@ -39,7 +39,8 @@ from cassandra.query import PreparedStatement
 from adapters.cassandra.batches import Row, grouped
 from adapters.cassandra.connect import TUPLE_ROWS, Connection, open_session, run
 from adapters.cassandra.mailbox import CassandraMailbox, Statements
-from adapters.cassandra.schema import TABLES, session_head_shard
+from adapters.cassandra.schema import TABLES
+from adapters.cassandra.session_heads import session_head_shard
 from adapters.cassandra.stamps import stamp
 from adapters.cassandra.writer import (
     MEMBER_BATCH_ROWS,

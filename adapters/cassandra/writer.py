@@ -7,7 +7,6 @@ cells the commit will send, and turns them into the rows of the commit's rounds
 from __future__ import annotations
 
 import json
-import struct
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,9 +14,8 @@ from typing import Any
 
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
-from adapters.cassandra.batches import Encoded, prefix
-from adapters.cassandra.mailbox import routing_key
-from adapters.cassandra.schema import session_head_shard
+from adapters.cassandra.batches import Encoded
+from adapters.cassandra.session_heads import session_head_rows
 from adapters.cassandra.stamps import stamp
 from projections.ports import MessageRefs
 from projections.rows import (
@@ -29,7 +27,7 @@ from projections.rows import (
     head_cells,
     message_cells,
 )
-from projections.state import SessionHead, SessionState, UserConversationState
+from projections.state import SessionState, UserConversationState
 
 BATCH_ROWS = 100  # rows per UNLOGGED batch
 MEMBER_BATCH_ROWS = 250  # rows per batch of round A (member-keyed rows: one partition each)
@@ -363,18 +361,8 @@ class CassandraWriter:
             )
 
     def session_head_rows(self, statement_id: bytes, ts_of: Callable[..., int]) -> list[Encoded]:
-        """The session heads' copy of each head put (ADR-0042), serialized here (ADR-0039: the
-        driver's bind cost ~20 us a row, this ~5), in its partition's order so a batch holds
-        few partitions; each with its head's stamp."""
-        head = prefix(statement_id, SESSION_HEAD_VALUES)
-        rows = []
-        for (t, c), (cells, _) in self.heads.items():
-            tenant, shard = t.encode(), session_head_shard(c)
-            values = session_head_cells(tenant, shard, c, [cells[i] for i in _SESSION_HEAD], ts_of(t, c))
-            key = routing_key((tenant, _INT.pack(shard)))
-            rows.append(((t, shard, c), Encoded(head + values, 1, key)))
-        rows.sort(key=lambda r: r[0])
-        return [r for _, r in rows]
+        """The session heads' copy of each head put (ADR-0042; session_heads.py)."""
+        return session_head_rows(self.heads.items(), statement_id, ts_of)
 
     def head_lookups(self) -> Iterator[tuple[str, str, str, str]]:
         """(tenant, conversation_id, aggregate id, size bucket) of each head put."""
@@ -387,50 +375,6 @@ _SKIPPING = STATE_COLUMNS.index("skipping")
 _GAP_END = STATE_COLUMNS.index("gap_end")
 _AGGREGATE_ID = HEAD_COLUMNS.index("aggregate_id")
 _SIZE_BUCKET = HEAD_COLUMNS.index("size_bucket")
-_SESSION_HEAD = tuple(HEAD_COLUMNS.index(c) for c in SessionHead._fields[1:])  # after the conversation id
-_BIGINT, _INT, _DOUBLE = struct.Struct(">q"), struct.Struct(">i"), struct.Struct(">d")
-
-
-_NULL = _INT.pack(-1)
-_LONG = _INT.pack(8)  # a bigint's or a double's length
-_FOUR = _INT.pack(4)  # an int's length
-SESSION_HEAD_VALUES = 10
-
-
-def _text(v: str | None) -> bytes:
-    if v is None:
-        return _NULL
-    b = v.encode()
-    return _INT.pack(len(b)) + b
-
-
-def _bigint(v: int | None) -> bytes:
-    return _NULL if v is None else _LONG + _BIGINT.pack(v)
-
-
-def session_head_cells(tenant: bytes, shard: int, conversation_id: str, head: Sequence[Any], ts: int) -> bytes:
-    """The SESSION_HEAD_VALUES values of a `session_head` insert as a statement carries them
-    (each its length, then the driver's encoding of its column's type; batches.cell): the
-    tenant, shard, conversation id, then `head`, the SessionHead columns after the
-    conversation id (write policy, latest seq, broadcasts, last activity id and time,
-    preview), then the write stamp."""
-    policy, latest, broadcasts, activity_id, activity_at, preview = head
-    return b"".join(
-        (
-            _INT.pack(len(tenant)),
-            tenant,
-            _FOUR,
-            _INT.pack(shard),
-            _text(conversation_id),
-            _text(policy),
-            _bigint(latest),
-            _bigint(broadcasts),
-            _text(activity_id),
-            _NULL if activity_at is None else _LONG + _DOUBLE.pack(activity_at),
-            _text(preview),
-            _LONG + _BIGINT.pack(ts),
-        )
-    )
 
 
 def json_body(body: dict[str, Any]) -> dict[str, Any]:

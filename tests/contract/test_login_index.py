@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from adapters.cassandra.schema import session_head_shard
+from adapters.cassandra.session_heads import session_head_shard
 from adapters.cassandra.views import CassandraViews
 from adapters.memory import MemoryViews
 from fanout.bootstrap import open_views

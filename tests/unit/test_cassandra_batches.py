@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from adapters.cassandra.batches import Encoded, PackedStatements, cell, grouped, install, joined, prefix, statement
-from adapters.cassandra.writer import SESSION_HEAD_VALUES, session_head_cells
+from adapters.cassandra.session_heads import SESSION_HEAD_VALUES, session_head_cells
 
 QUERY_ID = bytes(range(16))
 values = st.lists(st.one_of(st.binary(max_size=40), st.none(), st.just(UNSET_VALUE)), min_size=1, max_size=9)
