@@ -103,10 +103,8 @@ def main() -> int:
             return n
 
         ways: list[tuple[str, Callable[[], int]]] = []
+        by_key = s.prepare(f"SELECT conversation_id, {NAMES} FROM {ks}.heads WHERE tenant='t' AND conversation_id IN ?")
         for per in per_reads:
-            by_key = s.prepare(
-                f"SELECT conversation_id, {NAMES} FROM {ks}.heads WHERE tenant='t' AND conversation_id IN ?"
-            )
             chunks = [(mine[i : i + per],) for i in range(0, len(mine), per)]
             ways.append((f"a partition a head, IN of {per}", lambda st=by_key, c=chunks: read(st, c)))
         for n in shard_counts:

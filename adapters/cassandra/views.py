@@ -202,13 +202,10 @@ class CassandraViews:
             "position": p(f"SELECT position FROM {ks}.tracking WHERE projection=? AND partition=?"),
             "projection": p(f"SELECT partition, position FROM {ks}.tracking WHERE projection=?"),
             "head": p(f"SELECT * FROM {ks}.heads WHERE tenant=? AND conversation_id=?"),
-            "session_head": p(
-                f"SELECT {', '.join(SessionHead._fields)} FROM {ks}.heads WHERE tenant=? AND conversation_id=?"
-            ),
-            "session_heads": p(
+            "heads_in": p(
                 f"SELECT {', '.join(SessionHead._fields)} FROM {ks}.heads WHERE tenant=? AND conversation_id IN ?"
             ),
-            "session_heads_copy": p(
+            "session_heads_in": p(
                 f"SELECT {', '.join(SessionHead._fields)} FROM {ks}.session_heads "
                 "WHERE tenant=? AND shard=? AND conversation_id IN ?"
             ),
@@ -464,7 +461,7 @@ class CassandraViews:
             for c in ids:
                 by_shard.setdefault(session_head_shard(c), []).append(c)
             read = self._read_concurrently(
-                self._r["session_heads_copy"],
+                self._r["session_heads_in"],
                 [
                     (tenant, shard, part[i : i + COPY_PER_READ])
                     for shard, part in by_shard.items()
@@ -476,7 +473,7 @@ class CassandraViews:
         if ids:
             read.extend(
                 self._read_concurrently(
-                    self._r["session_heads"],
+                    self._r["heads_in"],
                     [(tenant, ids[i : i + HEADS_PER_READ]) for i in range(0, len(ids), HEADS_PER_READ)],
                 )
             )
