@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 
 from cassandra.cluster import Session
 
+from adapters.cassandra.session_states import vouch
 from projections.ports import StoreLayoutError
 
 _STATE_TYPES = """read_conversation_seq bigint, joined_seq bigint, last_active double,
@@ -37,6 +38,11 @@ TABLES: tuple[str, ...] = (
     {_STATE_TYPES}, PRIMARY KEY ((tenant, conversation_id), user_id)) WITH ID = {{id}}""",
     f"""CREATE TABLE IF NOT EXISTS {{ks}}.user_states (tenant text, user_id text, conversation_id text,
     {_STATE_TYPES}, PRIMARY KEY ((tenant, user_id), conversation_id)) WITH ID = {{id}}""",
+    # The login's copy of user_states (ADR-0043, session_states.py): a SessionState in one cell,
+    # written with its user_states row in one mutation; read alone where `copies_complete` says so.
+    """CREATE TABLE IF NOT EXISTS {ks}.session_states (tenant text, user_id text, conversation_id text,
+    state blob, PRIMARY KEY ((tenant, user_id), conversation_id)) WITH ID = {id}""",
+    """CREATE TABLE IF NOT EXISTS {ks}.copies_complete (copy text, PRIMARY KEY (copy)) WITH ID = {id}""",
     """CREATE TABLE IF NOT EXISTS {ks}.delivery (tenant text, conversation_id text, conversation_seq bigint,
     message_id text, write_policy text, member_count bigint, mailbox_entries bigint, shards int, body_bytes bigint,
     pos bigint, online_pushes bigint, materialized_at double,
@@ -96,7 +102,7 @@ ALL_TABLES: tuple[str, ...] = (*TABLES, *MAILBOX_TABLES)  # the views' tables an
 # The tables each part of the views writes (the mailbox is a table of the keyspace here).
 TARGET_TABLES: dict[str, tuple[str, ...]] = {
     "mailbox": ("mailbox", "mailbox_hours"),
-    "state": ("conversation_states", "user_states", "login_index"),
+    "state": ("conversation_states", "user_states", "login_index", "session_states"),
     "heads": (
         "heads",
         "heads_by_aggregate",
@@ -162,6 +168,7 @@ def create_schema(session: Session, keyspace: str, replication: int, datacenter:
     session.execute(f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {strategy}", timeout=120)
     if any(name == "mailbox" for name, _ in tables_by_name(tables)):
         refuse_old_mailbox(session, keyspace)
+    names = [name for name, _ in tables_by_name(tables)]
     for name, ddl in tables_by_name(tables):
         session.execute(ddl.format(ks=keyspace, id=table_id(keyspace, name)), timeout=120)
     # Session.wait_for_schema_agreement reads schema_version as an attribute: with rows
@@ -171,3 +178,7 @@ def create_schema(session: Session, keyspace: str, replication: int, datacenter:
         agreed = session.cluster.control_connection.wait_for_schema_agreement(wait_time=60)
     if not agreed:
         raise RuntimeError(f"Cassandra: no schema agreement on keyspace {keyspace} within 60 s")
+    if {"user_states", "session_states", "copies_complete"} <= set(names) and not session.execute(
+        f"SELECT user_id FROM {keyspace}.user_states LIMIT 1"
+    ).one():
+        vouch(session, keyspace)  # no user_states row lacks its copy (ADR-0043)

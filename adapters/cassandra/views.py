@@ -2,7 +2,7 @@
 ViewStore whose unit of work buffers its writes and executes them, at the end of the
 block, in three rounds, every request of a round in flight at once, in an order that
 makes a crash part-way harmless (ADR-0012, ADR-0025): A. the member-keyed rows (mailbox
-entries, user-keyed states), the heads' lookups, reviews / tiers / capacity; B. per
+entries, user-keyed states with the login's copy of them, ADR-0043), the heads' lookups, reviews / tiers / capacity; B. per
 conversation ONE batch of its messages, delivery records, conversation-keyed states AND
 its head (with the position of the last event applied to it): one partition key, so one
 mutation, applied atomically; then the session heads' copy of those heads (ADR-0042); C. the
@@ -41,6 +41,7 @@ from adapters.cassandra.connect import TUPLE_ROWS, Connection, open_session, run
 from adapters.cassandra.mailbox import CassandraMailbox, Statements
 from adapters.cassandra.schema import TABLES
 from adapters.cassandra.session_heads import session_head_shard
+from adapters.cassandra.session_states import session_of_cell, vouched
 from adapters.cassandra.stamps import stamp
 from adapters.cassandra.writer import (
     MEMBER_BATCH_ROWS,
@@ -73,6 +74,7 @@ COPY_READ_FROM = 500
 COPY_PER_READ = 100
 # rows of the user's states partition per page of the login's read (one page for most users)
 SESSION_STATES_PAGE = 10_000
+COPY_RECHECK = 30.0  # seconds between asking whether the states' copy is vouched, until it is
 
 
 class CassandraViews:
@@ -106,6 +108,8 @@ class CassandraViews:
         # commit records; None elsewhere (workers, tools): every head is read.
         self.head_cache: HeadCache | None = None
         self.copy_read_from = COPY_READ_FROM  # a login's heads from the session heads' copy from this many
+        self._states_copy = False  # the login's states copy vouched complete (ADR-0043)
+        self._states_copy_asked: float | None = None
         self._lock = threading.Lock()  # one unit of work at a time
         self._pushes_lock = threading.Lock()
         self._pushed: dict[tuple[str, str, int], int] = {}  # this replica's push counts, the latest kept
@@ -166,6 +170,16 @@ class CassandraViews:
                 f"DELETE FROM {ks}.conversation_states {ts} WHERE tenant=? AND conversation_id=? AND user_id=?"
             ),
             "user_delete": p(f"DELETE FROM {ks}.user_states {ts} WHERE tenant=? AND user_id=? AND conversation_id=?"),
+            # the login's copy of user_states (ADR-0043), written with it (writer.py rows)
+            "session_state": p(
+                f"INSERT INTO {ks}.session_states (tenant, user_id, conversation_id, state) VALUES (?, ?, ?, ?) {ts}"
+            ),
+            "session_state_gap": p(
+                f"UPDATE {ks}.session_states {ts} SET state=? WHERE tenant=? AND user_id=? AND conversation_id=?"
+            ),
+            "session_state_delete": p(
+                f"DELETE FROM {ks}.session_states {ts} WHERE tenant=? AND user_id=? AND conversation_id=?"
+            ),
             "index": p(
                 f"INSERT INTO {ks}.login_index (tenant, user_id, bucket, conversation_id) VALUES (?, ?, ?, ?) {ts}"
             ),
@@ -222,6 +236,11 @@ class CassandraViews:
             ),
             "session_states_in": p(
                 f"SELECT conversation_id, {', '.join(SESSION_STATE_COLUMNS)} FROM {ks}.user_states "
+                "WHERE tenant=? AND user_id=? AND conversation_id IN ?"
+            ),
+            "states_copy": p(f"SELECT conversation_id, state FROM {ks}.session_states WHERE tenant=? AND user_id=?"),
+            "states_copy_in": p(
+                f"SELECT conversation_id, state FROM {ks}.session_states "
                 "WHERE tenant=? AND user_id=? AND conversation_id IN ?"
             ),
             "login_index": p(f"SELECT bucket, conversation_id FROM {ks}.login_index WHERE tenant=? AND user_id=?"),
@@ -499,10 +518,25 @@ class CassandraViews:
 
     def session_states(self, tenant: str, user_id: str) -> dict[str, SessionState]:
         """conversation id -> what the session list needs of the user's state in it (one
-        partition, SESSION_STATES_PAGE rows a page)."""
-        statement = self._r["session_states"].bind((tenant, user_id))
+        partition, SESSION_STATES_PAGE rows a page): from the login's copy, a cell a row,
+        where it is vouched complete (ADR-0043), else from user_states' columns."""
+        copy = self.states_copy_vouched()
+        statement = self._r["states_copy" if copy else "session_states"].bind((tenant, user_id))
         statement.fetch_size = SESSION_STATES_PAGE
-        return {r[0]: session_state(r[1:]) for r in self.session.execute(statement, execution_profile=TUPLE_ROWS)}
+        rows = self.session.execute(statement, execution_profile=TUPLE_ROWS)
+        if copy:
+            return {c: session_of_cell(cell) for c, cell in rows}
+        return {r[0]: session_state(r[1:]) for r in rows}
+
+    def states_copy_vouched(self) -> bool:
+        """Whether the login reads the states' copy (ADR-0043, session_states.py `vouched`):
+        once it is, for good; until then asked again at most every COPY_RECHECK seconds."""
+        if not self._states_copy:
+            now = time.monotonic()
+            if self._states_copy_asked is None or now - self._states_copy_asked >= COPY_RECHECK:
+                self._states_copy_asked = now
+                self._states_copy = vouched(self.session, self.keyspace)
+        return self._states_copy
 
     def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[SessionItem], bool] | None:
         """The first list from the login index (ADR-0028): (the sessions of every
@@ -526,9 +560,10 @@ class CassandraViews:
         if not candidates:  # no conversation, or views written before the index: the two reads say
             return None
         ids = list(candidates)
+        copy = self.states_copy_vouched()
         states_f = [
             self.session.execute_async(
-                self._r["session_states_in"],
+                self._r["states_copy_in" if copy else "session_states_in"],
                 (tenant, user_id, ids[i : i + HEADS_PER_READ]),
                 execution_profile=TUPLE_ROWS,
             )
@@ -538,7 +573,7 @@ class CassandraViews:
         states: dict[str, SessionState] = {}
         for f in states_f:
             for r in f.result():
-                states[r[0]] = session_state(r[1:])
+                states[r[0]] = session_of_cell(r[1]) if copy else session_state(r[1:])
         found = [(h, states[h.conversation_id]) for h in heads if h.conversation_id in states]
         if not complete and len(found) < batch:
             return None

@@ -14,8 +14,9 @@ from typing import Any
 
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
-from adapters.cassandra.batches import Encoded
+from adapters.cassandra.batches import Encoded, Row
 from adapters.cassandra.session_heads import session_head_rows
+from adapters.cassandra.session_states import paired, session_cell
 from adapters.cassandra.stamps import stamp
 from projections.ports import MessageRefs
 from projections.rows import (
@@ -162,8 +163,8 @@ class CassandraWriter:
         # (its cells, a broadcast?, its bytes)
         self.messages: dict[tuple[str, str, int], tuple[tuple[Any, ...], bool, int]] = {}
         self.deliveries: dict[tuple[str, str, int], dict[str, Any]] = {}
-        # (tenant, conversation_id, user_id) -> ("put", [its cells]) | ("gap", (delivered, skipping, gap_end))
-        # | ("delete", None)
+        # (tenant, conversation_id, user_id) -> ("put", [its cells]) | ("gap", (delivered, skipping,
+        # gap_end, the login copy's cell)) | ("delete", None)
         self.states: dict[tuple[str, str, str], tuple[str, Any]] = {}
         # the login index: (tenant, user_id, conversation_id) -> (the bucket its row goes to, or
         # None; the buckets whose rows are deleted)
@@ -264,7 +265,8 @@ class CassandraWriter:
                     seq_cell(s.gap_end),
                 )
             elif queued is None or queued[0] == "gap":
-                self.states[key] = ("gap", (s.delivered_conversation_seq, int(s.skipping), s.gap_end))
+                gap = (s.delivered_conversation_seq, int(s.skipping), s.gap_end, session_cell(SessionState.of(s)))
+                self.states[key] = ("gap", gap)
             # a row deleted in this unit stays deleted (a gap update touches existing rows only)
 
     def delete_state(self, tenant: str, conversation_id: str, user_id: str) -> None:
@@ -314,9 +316,11 @@ class CassandraWriter:
 
     def rows(
         self, ps: Mapping[str, PreparedStatement], ts_of: Callable[..., int]
-    ) -> tuple[list[tuple[PreparedStatement, tuple[Any, ...]]], dict[tuple[str, str], ConversationRows]]:
-        """The member-keyed state rows (round A), and each conversation's rows (round B)."""
-        members: list[tuple[PreparedStatement, tuple[Any, ...]]] = []
+    ) -> tuple[list[Row], dict[tuple[str, str], ConversationRows]]:
+        """The member-keyed state rows (round A), each with its login copy's (ADR-0043:
+        one run, so one mutation), and each conversation's rows (round B)."""
+        members: list[Row] = []
+        copy = ps["session_state"]
         convs: dict[tuple[str, str], ConversationRows] = {}
 
         def conv(t: str, c: str) -> ConversationRows:
@@ -329,15 +333,20 @@ class CassandraWriter:
             ts = ts_of(tenant, cid)
             if op == "put":
                 conv(tenant, cid).rows.append((ps["conv_state"], (tenant, cid, u, *value, ts), ROW_BYTES))
-                members.append((ps["user_state"], (tenant, u, cid, *value, ts)))
+                cell = session_cell(session_state([value[i] for i in _SESSION]))
+                members.append(
+                    paired((ps["user_state"], (tenant, u, cid, *value, ts)), copy, (tenant, u, cid, cell, ts))
+                )
             elif op == "gap":
-                delivered, skipping, gap_end = value
+                delivered, skipping, gap_end, cell = value
                 cells = (seq_cell(delivered), skipping, seq_cell(gap_end))
                 conv(tenant, cid).rows.append((ps["conv_gap"], (ts, *cells, tenant, cid, u), ROW_BYTES))
-                members.append((ps["user_gap"], (ts, *cells, tenant, u, cid)))
+                gap = ps["session_state_gap"], (ts, cell, tenant, u, cid)
+                members.append(paired((ps["user_gap"], (ts, *cells, tenant, u, cid)), *gap))
             else:
                 conv(tenant, cid).rows.append((ps["conv_delete"], (ts, tenant, cid, u), ROW_BYTES))
-                members.append((ps["user_delete"], (ts, tenant, u, cid)))
+                gone = ps["session_state_delete"], (ts, tenant, u, cid)
+                members.append(paired((ps["user_delete"], (ts, tenant, u, cid)), *gone))
         for (tenant, cid, seq), (cells, broadcast, size) in self.messages.items():
             x, ts = conv(tenant, cid), ts_of(tenant, cid)
             x.rows.append((ps["message"], (tenant, *cells, ts), size))
@@ -373,6 +382,7 @@ class CassandraWriter:
 _DELIVERED = STATE_COLUMNS.index("delivered_conversation_seq")
 _SKIPPING = STATE_COLUMNS.index("skipping")
 _GAP_END = STATE_COLUMNS.index("gap_end")
+_SESSION = tuple(STATE_COLUMNS.index(c) for c in SESSION_STATE_COLUMNS)  # a state row's cells a login reads
 _AGGREGATE_ID = HEAD_COLUMNS.index("aggregate_id")
 _SIZE_BUCKET = HEAD_COLUMNS.index("size_bucket")
 

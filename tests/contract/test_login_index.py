@@ -19,18 +19,23 @@ from typing import Any
 
 import pytest
 
+from adapters.cassandra.schema import TABLES, create_schema
 from adapters.cassandra.session_heads import session_head_shard
+from adapters.cassandra.session_states import session_cell, session_of_cell, vouched
 from adapters.cassandra.views import CassandraViews
+from adapters.cassandra.writer import SESSION_STATE_COLUMNS, session_state
 from adapters.memory import MemoryViews
 from fanout.bootstrap import open_views
 from fanout.clock import FakeClock
 from fanout.queries import Queries
 from projections.ports import ViewStore
-from projections.state import ACTIVITY_BUCKET, SessionHead
+from projections.state import ACTIVITY_BUCKET, SessionHead, SessionState
 from tests.contract.test_projection_replay import PARAMS
 from tests.contract.test_projection_replay import apply as apply_unit
+from tests.contract.test_projection_replay import build_log as replay_log
 from tests.contract.test_view_store import CassandraKeyspace
 from tests.integration.conftest import Harness
+from tests.integration.test_invariants_stateful import PARAMS as GAP_PARAMS
 
 T = "acme"
 USER = "u"
@@ -59,6 +64,37 @@ def build_log(data_dir: Path) -> list[tuple[int, Any]]:
             if _ == 120:
                 app.mark_read(T, "c07", USER, 1)
         notes = app.recorder.select_notifications(start=0, limit=100_000)
+        return [(n.id, app.mapper.to_domain_event(n)) for n in notes]
+    finally:
+        h.close()
+
+
+def build_gap_log(data_dir: Path) -> list[tuple[int, Any]]:
+    """A conversation that nobody is active in enters mention_only (gaps open for the silent
+    members), gets a mention, a reply, a REBUILD, then a rollback, a send, a MARK_READ and a
+    leave (test_invariants_examples' story, as a log)."""
+    clock = FakeClock()
+    h = Harness(data_dir, GAP_PARAMS, clock)
+    try:
+        app = h.app
+        app.create_conversation(T, "q", "", ["a", "b", "d"])
+        h.settle()
+        rid = app.open_review(T, "small", "manual", {}, "admin")["review_id"]
+        app.decide_review(T, rid, "enable_mention_only", "admin", 1.5, 0.5)
+        h.settle()
+        for kw in ({}, {"mentions": ["b"]}, {}, {"reply_to_seq": 1}):
+            clock.advance(3.0)
+            app.send_message(T, "q", sender="a", text="x", **kw)
+            h.settle()
+        app.request_rebuild(T, "q", "d")
+        app.roll_back_tier(T, "small", "admin", "test")
+        h.settle()
+        clock.advance(3.0)
+        app.send_message(T, "q", sender="a", text="y")
+        app.mark_read(T, "q", "b", 5)
+        app.remove_member(T, "q", "d")
+        h.settle()
+        notes = app.recorder.select_notifications(start=0, limit=10_000)
         return [(n.id, app.mapper.to_domain_event(n)) for n in notes]
     finally:
         h.close()
@@ -194,5 +230,105 @@ def test_the_session_heads_copy_answers_a_login_and_heads_fill_what_it_lacks(
             )
         for framing in FRAMINGS:
             assert frames(cql, framing) == reference[framing], f"copy lacking {len(gone) + 1}, lists of {framing}"
+    finally:
+        cql.close()
+
+
+def copy_mirrors_user_states(cql: CassandraViews) -> list[SessionState]:
+    """ADR-0043: the states' copy has a row exactly where user_states has one, its cell the
+    SessionState of that row's columns, written with the row's latest stamp. Returns the
+    states, for the caller to see what the history exercised."""
+    ks, cols = cql.keyspace, ", ".join(SESSION_STATE_COLUMNS)
+    rows = {
+        (r["tenant"], r["user_id"], r["conversation_id"]): r
+        for r in cql.session.execute(
+            f"SELECT tenant, user_id, conversation_id, {cols}, writetime(read_conversation_seq) AS w_put, "
+            f"writetime(delivered_conversation_seq) AS w_gap FROM {ks}.user_states"
+        )
+    }
+    copy = {
+        (r["tenant"], r["user_id"], r["conversation_id"]): r
+        for r in cql.session.execute(
+            f"SELECT tenant, user_id, conversation_id, state, writetime(state) AS w FROM {ks}.session_states"
+        )
+    }
+    assert copy.keys() == rows.keys()
+    out = []
+    for key, row in rows.items():
+        state = session_state(tuple(row[c] for c in SESSION_STATE_COLUMNS))
+        assert session_of_cell(copy[key]["state"]) == state, key
+        assert copy[key]["w"] == max(row["w_put"], row["w_gap"]), key
+        out.append(state)
+    return out
+
+
+def test_the_states_copy_mirrors_user_states_through_puts_gaps_and_leaves(
+    cassandra: CassandraKeyspace, tmp_path: Path
+) -> None:
+    """The replay contract's history (mentions, broadcasts, a leave, MARK_READ, REBUILD), then
+    a conversation's in mention_only (gaps opened and closed, build_gap_log), one event a unit:
+    after each, the copy mirrors user_states row for row; then again at-least-once (its
+    crash splits: test_projection_replay)."""
+    history = [*replay_log(tmp_path / "log"), *((n + 1000, e) for n, e in build_gap_log(tmp_path / "gaps"))]
+    cql = cassandra.views()
+    try:
+        seen: list[SessionState] = []
+        for i in range(len(history)):
+            apply(cql, history[i : i + 1])
+            seen.extend(copy_mirrors_user_states(cql))
+        assert seen and any(s.skipping or s.delivered_conversation_seq is not None for s in seen), "no gap"
+        assert any(s.personal_mentions for s in seen) and any(s.broadcast_base for s in seen)
+        apply(cql, history[len(history) // 2 :], unit=3)
+        copy_mirrors_user_states(cql)
+    finally:
+        cql.close()
+
+
+def test_a_login_reads_the_states_copy_only_where_it_is_vouched_complete(
+    log: list[tuple[int, Any]], cassandra: CassandraKeyspace
+) -> None:
+    """ADR-0043: a vouched copy answers the login alone (a cell changed behind the views'
+    back shows); without the mark the login reads user_states and equals the memory
+    backend's; the schema vouches for the copy beside an empty user_states only, never
+    beside rows written before the copy existed."""
+    memory = MemoryViews()
+    cql = cassandra.views()
+    try:
+        apply(memory, log)
+        apply(cql, log)
+        copy_mirrors_user_states(cql)
+        reference = {framing: frames(memory, framing) for framing in FRAMINGS}
+        assert cql.states_copy_vouched()
+        for framing in FRAMINGS:
+            assert frames(cql, framing) == reference[framing], f"from the copy, lists of {framing}"
+        ks = cql.keyspace
+        victim = reference[100, 100][0][4]["conversation_id"]
+        state = session_of_cell(
+            cql.session.execute(
+                f"SELECT state FROM {ks}.session_states WHERE tenant=%s AND user_id=%s AND conversation_id=%s",
+                (T, USER, victim),
+            ).one()["state"]
+        )
+        cql.session.execute(
+            f"UPDATE {ks}.session_states USING TIMESTAMP %s SET state=%s "
+            "WHERE tenant=%s AND user_id=%s AND conversation_id=%s",
+            (2**62, session_cell(state._replace(personal_mentions=state.personal_mentions + 77)), T, USER, victim),
+        )
+        shown = {s["conversation_id"]: s for f in frames(cql, (100, 100)) for s in f}
+        want = {s["conversation_id"]: s for f in reference[100, 100] for s in f}
+        assert shown[victim]["mention_count"] == want[victim]["mention_count"] + 77
+        # not vouched: user_states answers, as before the copy
+        cql.session.execute(f"TRUNCATE {ks}.copies_complete")
+        unvouched = CassandraViews(cql.session, ks, cql.mailbox)
+        assert not unvouched.states_copy_vouched()
+        for framing in FRAMINGS:
+            assert frames(unvouched, framing) == reference[framing], f"not vouched, lists of {framing}"
+        # the schema vouches beside an empty user_states only
+        s = cassandra.settings
+        create_schema(cql.session, ks, s.replication, s.datacenter, TABLES)
+        assert not vouched(cql.session, ks)
+        cql.session.execute(f"TRUNCATE {ks}.user_states")
+        create_schema(cql.session, ks, s.replication, s.datacenter, TABLES)
+        assert vouched(cql.session, ks)
     finally:
         cql.close()

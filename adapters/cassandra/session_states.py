@@ -1,0 +1,84 @@
+"""The login's copy of a user's states (ADR-0043): what a login needs of each of a user's
+state rows (projections/state.py SessionState) packed in ONE cell, in the table
+`session_states ((tenant, user_id), conversation_id)` (DDL in schema.py). Cassandra's CPU
+to read a partition is paid per cell: the seven columns of 5,000 rows took ~70 ms of it and
+of the wall clock, the one cell ~26-45 ms (docs/PERFORMANCE.md section 23).
+
+The copy is written with its `user_states` row, by the same unit, with the same stamp, in the
+same batch (`paired`): the two have one partition key in one keyspace, so Cassandra applies
+them as one mutation, and the copy holds a row exactly when `user_states` does. A login can
+therefore read the copy alone, but only where every row of `user_states` was written that
+way: a keyspace whose `user_states` had rows before the copy existed has not. That is what
+the marker says (`vouch`, `vouched`): written when the copy's table is created beside an
+empty `user_states` (schema.py create_schema), or when a rebuild has merged both; a login
+without it reads `user_states` as before."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from cassandra.cluster import Session
+from cassandra.query import PreparedStatement
+
+from adapters.cassandra.batches import Encoded, statement
+from projections.state import SessionState
+
+NO_SEQ = -1  # "no value" of a nullable seq (writer.py NO_SEQ: a null written is a tombstone)
+# version, read seq, delivered seq, skipping, gap end, rebuilt seq, personal mentions, broadcast base
+_CELL = struct.Struct(">BqqBqqqq")
+CELL_VERSION = 1
+COPY = "session_states"  # the copy's name in the markers' table
+
+
+def session_cell(s: SessionState) -> bytes:
+    """The copy's one cell of a SessionState."""
+    return _CELL.pack(
+        CELL_VERSION,
+        s.read_conversation_seq,
+        NO_SEQ if s.delivered_conversation_seq is None else s.delivered_conversation_seq,
+        1 if s.skipping else 0,
+        NO_SEQ if s.gap_end is None else s.gap_end,
+        s.rebuilt_seq,
+        s.personal_mentions,
+        s.broadcast_base,
+    )
+
+
+def session_of_cell(cell: bytes) -> SessionState:
+    """The SessionState of a copy's cell; ValueError for a cell this code did not write."""
+    if len(cell) != _CELL.size or cell[0] != CELL_VERSION:
+        raise ValueError(f"a session_states cell of {len(cell)} bytes, version {cell[:1].hex()}: not this code's")
+    _, read, delivered, skipping, gap_end, rebuilt, mentions, base = _CELL.unpack(cell)
+    return SessionState(
+        read,
+        None if delivered == NO_SEQ else delivered,
+        bool(skipping),
+        None if gap_end == NO_SEQ else gap_end,
+        rebuilt,
+        mentions,
+        base,
+    )
+
+
+def paired(
+    row: tuple[PreparedStatement, tuple[Any, ...]], copy: PreparedStatement, copy_values: Sequence[Any]
+) -> Encoded:
+    """A `user_states` write and its copy's as one run of a batch (batches.grouped keeps a
+    run whole in one batch): one partition key, so one mutation."""
+    prepared, values = row
+    bound = prepared.bind(values)
+    copied = copy.bind(copy_values)
+    body = statement(prepared.query_id, bound.values) + statement(copy.query_id, copied.values)
+    return Encoded(body, 2, bound.routing_key)
+
+
+def vouch(session: Session, keyspace: str) -> None:
+    """Mark the copy complete: every `user_states` row has its copy from now on."""
+    session.execute(f"INSERT INTO {keyspace}.copies_complete (copy) VALUES (%s)", (COPY,))
+
+
+def vouched(session: Session, keyspace: str) -> bool:
+    """Whether the copy is marked complete (`vouch`)."""
+    return session.execute(f"SELECT copy FROM {keyspace}.copies_complete WHERE copy=%s", (COPY,)).one() is not None
