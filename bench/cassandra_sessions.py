@@ -164,6 +164,8 @@ def main() -> int:
 
         q_first, q_whole, q_uncached, q_full_first, states_t, heads_t = [], [], [], [], [], []
         q_uncopied: list[float] = []
+        q_states_columns: list[float] = []
+        states_columns_t: list[float] = []
         copy_from = rt.views.copy_read_from
         cache = rt.views.head_cache  # ADR-0035; None with head_cache=0 in FANOUT_VIEWS
         cpu0, w0 = watch.cpu(), time.time()
@@ -187,6 +189,16 @@ def main() -> int:
             rt.views.copy_read_from = copy_from
             if r:
                 q_uncopied.append(time.perf_counter() - t2)
+            rt.views.read_states_copy = False  # the states from user_states' columns (before ADR-0043)
+            t2 = time.perf_counter()
+            for _ in rt.queries.session_batches(TENANT, USER):
+                pass
+            t3 = time.perf_counter()
+            rt.views.session_states(TENANT, USER)
+            rt.views.read_states_copy = True
+            if r:
+                q_states_columns.append(t3 - t2)
+                states_columns_t.append(time.perf_counter() - t3)
             t2 = time.perf_counter()
             # the first frame as it was before ADR-0028's amendment (500 sessions)
             full = rt.queries.session_batches(TENANT, USER, first=SESSION_BATCH)
@@ -219,6 +231,9 @@ def main() -> int:
         print(f"                            a first frame of {SESSION_BATCH}      {ms(q_full_first)}")
         print(f"                            whole list                {ms(q_whole)}")
         print(
+            f"                            ... states from columns   {ms(q_states_columns)}  (user_states, before ADR-0043)"
+        )
+        print(
             f"                            whole list, no head cache {ms(q_uncached)}  (the heads from the session heads' copy)"
         )
         print(
@@ -229,8 +244,10 @@ def main() -> int:
             print(f"    head cache (ADR-0035): {st.hits:,} heads served, {st.misses:,} read, {st.dropped} dropped by "
                   f"records, {st.resets} resets, {st.bypassed} logins it stood aside")  # fmt: skip
         print(
-            f"    of which: user_states partition ({len(states):,} rows)  {ms(states_t)}  (the login's columns, as tuples)"
+            f"    of which: the user's states ({len(states):,} rows)  {ms(states_t)}  "
+            f"({'the copy, a cell a row' if rt.views.states_copy_vouched() else 'NOT VOUCHED: user_states'})"
         )
+        print(f"              from user_states' columns    {ms(states_columns_t)}  (before ADR-0043)")
         print(f"              {len(states):,} heads from the copy, concurrently  {ms(heads_t)}")
         print(f"    one head partition read alone, {len(one)} times one after another: {ms(one)}")
         quick = rt.views.first_sessions(TENANT, USER, FIRST_SESSION_BATCH)

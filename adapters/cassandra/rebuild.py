@@ -33,6 +33,7 @@ from cassandra.query import PreparedStatement, SimpleStatement
 
 from adapters.cassandra.connect import run
 from adapters.cassandra.schema import TARGET_TABLES
+from adapters.cassandra.session_states import vouch
 from adapters.cassandra.stamps import RANK_REBUILD, stamp
 from projections.ports import AsideProgress, StaleAside, StoreDiff, Swapped, ViewStore
 from projections.rows import DELIVERY_RUNTIME
@@ -195,6 +196,8 @@ class CassandraAsideBuilds:
             run(self.session, upserts, IN_FLIGHT)
             run(self.session, deletes, IN_FLIGHT)
             out[table_name] = Swapped(rows=rows, upserted=upserted + len(upserts), deleted=len(deletes))
+        if "session_states" in out:  # merged after user_states: the login's copy mirrors it (ADR-0043)
+            vouch(self.session, self.keyspace)
         return out
 
     # -- the streaming merge -------------------------------------------------------------

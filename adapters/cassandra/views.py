@@ -108,6 +108,7 @@ class CassandraViews:
         # commit records; None elsewhere (workers, tools): every head is read.
         self.head_cache: HeadCache | None = None
         self.copy_read_from = COPY_READ_FROM  # a login's heads from the session heads' copy from this many
+        self.read_states_copy = True  # False: a login reads user_states even where the copy is vouched (benches)
         self._states_copy = False  # the login's states copy vouched complete (ADR-0043)
         self._states_copy_asked: float | None = None
         self._lock = threading.Lock()  # one unit of work at a time
@@ -531,6 +532,8 @@ class CassandraViews:
     def states_copy_vouched(self) -> bool:
         """Whether the login reads the states' copy (ADR-0043, session_states.py `vouched`):
         once it is, for good; until then asked again at most every COPY_RECHECK seconds."""
+        if not self.read_states_copy:
+            return False
         if not self._states_copy:
             now = time.monotonic()
             if self._states_copy_asked is None or now - self._states_copy_asked >= COPY_RECHECK:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from adapters.cassandra.mailbox import partition_shard
+from adapters.cassandra.session_states import vouched
 from adapters.cassandra.stamps import stamp
 from cli.main import main
 from domain.params import Parameters
@@ -190,7 +191,13 @@ def test_verify_finds_a_corrupted_row_and_rebuild_restores_it(
         f"AND user_id='u0100' AND pos={last}",
         f"INSERT INTO heads_by_tenant (tenant, conversation_id, size_bucket) VALUES ('{T}', 'ghost', 'small') "
         f"USING TIMESTAMP {ts}",
+        # the login's states copy as a keyspace written before it has it (ADR-0043): a row
+        # missing, nothing vouched
+        f"DELETE FROM session_states USING TIMESTAMP {ts} WHERE tenant='{T}' AND user_id='u0020' "
+        "AND conversation_id='big'",
+        "TRUNCATE copies_complete",
     )
+    assert not vouched(rt.views.session, rt.views.keyspace)
     code, out, err = run(capsys, "verify", "-q")
     assert code == 1, out + err
     assert "user_states" in out and "DIFFERS: 1 live-only, 1 recomputed-only" in out
@@ -215,6 +222,8 @@ def test_verify_finds_a_corrupted_row_and_rebuild_restores_it(
     assert "(1 written, 0 deleted)" in lines["mailbox"]
     assert "(0 written, 1 deleted)" in lines["heads_by_tenant"]
     assert "(0 written, 0 deleted)" in lines["delivery"]
+    assert "(1 written, 0 deleted)" in lines["session_states"]
+    assert vouched(rt.views.session, rt.views.keyspace)  # both merged: the copy is whole again
     code, out, err = run(capsys, "verify", "-q")
     assert code == 0, out + err
 
