@@ -11,7 +11,7 @@ import zlib
 import pytest
 from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
-from cassandra.cqltypes import DoubleType, Int32Type, LongType, UTF8Type
+from cassandra.cqltypes import BytesType, DoubleType, Int32Type, LongType, UTF8Type
 from cassandra.protocol import BatchMessage
 from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
 from hypothesis import given, settings
@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from adapters.cassandra.batches import Encoded, PackedStatements, cell, grouped, install, joined, prefix, statement
 from adapters.cassandra.session_heads import SESSION_HEAD_VALUES, session_head_cells
+from adapters.cassandra.session_states import copy_cells
 
 QUERY_ID = bytes(range(16))
 values = st.lists(st.one_of(st.binary(max_size=40), st.none(), st.just(UNSET_VALUE)), min_size=1, max_size=9)
@@ -240,3 +241,19 @@ def test_a_session_heads_row_is_serialized_as_the_driver_would(
     assert len(values) == SESSION_HEAD_VALUES
     expected = b"".join(cell(None if v is None else t.serialize(v, 4)) for t, v in zip(types, values, strict=True))
     assert session_head_cells(tenant.encode(), shard, conversation_id, head, ts) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(head_text, head_text, head_text, st.binary(max_size=60), st.integers(-(2**63), 2**63 - 1))
+def test_a_session_states_row_is_serialized_as_the_driver_would(
+    tenant: str, user_id: str, conversation_id: str, state: bytes, ts: int
+) -> None:
+    """ADR-0043: the copy's insert, cell update and delete are serialized here; their cells
+    are the driver's encoding of text, blob and bigint."""
+    for types, row in (
+        ((UTF8Type, UTF8Type, UTF8Type, BytesType, LongType), (tenant, user_id, conversation_id, state, ts)),
+        ((LongType, BytesType, UTF8Type, UTF8Type, UTF8Type), (ts, state, tenant, user_id, conversation_id)),
+        ((LongType, UTF8Type, UTF8Type, UTF8Type), (ts, tenant, user_id, conversation_id)),
+    ):
+        expected = b"".join(cell(t.serialize(v, 4)) for t, v in zip(types, row, strict=True))
+        assert copy_cells(row) == expected
