@@ -24,8 +24,9 @@ Measured, each --repeats times after one warm-up, p50 / p90 / max:
 * The same reads on this process's replica, no network: `rt.queries.session_batches` (first
   frame, whole list: CassandraViews.sessions, the first frame from the login index, ADR-0028),
   and the two reads apart (the naive login and what the rest of the list still costs:
-  projections/state.py sessions_by_two_reads): the user's user_states partition, then one read
-  of every head's partition, concurrently, sorted by last activity.
+  projections/state.py sessions_by_two_reads): the user's states partition (from the login's
+  copy, a cell a row, ADR-0043; and from user_states' columns as before it, alternating in the
+  same loop, also the whole list that way), then the heads, concurrently, sorted by last activity.
   Also the CPU every process used meanwhile, and one head partition read alone (the same
   path, one conversation at a time, 500 times).
 * The replicas' head cache (ADR-0035): the WebSocket's first login of the user finds no head
@@ -34,6 +35,9 @@ Measured, each --repeats times after one warm-up, p50 / p90 / max:
   Cassandra, as the first login does: from the session heads' copy, ADR-0042), and without
   either (a partition a head, as before the copy); the breakdown is without the cache.
 * GET /v1/me/sessions (the whole list in one HTTP answer).
+
+--keep leaves the namespace in place and --reuse NAME measures it again without building it
+(the worker started on it re-reads what its Kafka group has not committed: see its CPU line).
 
 Prints numbers; asserts nothing.
 """
