@@ -123,7 +123,9 @@ class ViewWriter(Protocol):
     ) -> None: ...
 
     def put_gaps(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]) -> None:
-        """Update only delivered_conversation_seq, skipping and gap_end of existing rows."""
+        """Update only delivered_conversation_seq, skipping and gap_end of existing rows.
+        `states` are the members' whole current states (the projection's working set): a
+        store that keeps a login's copy of a state writes it whole from them (ADR-0043)."""
 
     def delete_state(self, tenant: str, conversation_id: str, user_id: str) -> None: ...
 
