@@ -365,7 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
         "KS_rebuild. Before it: stop the relay, let the workers reach the log (GET /readyz views_position = "
         "event_store), stop EVERY `fanout worker` (refused while any is in the consumer group, or while the "
         "partitions stand at different positions). API replicas may keep serving: reads see each row old or "
-        "rebuilt, writes queue in PostgreSQL. Afterwards start the workers, then the relay.",
+        "rebuilt, writes queue in PostgreSQL. Afterwards start the workers, then the relay. A keyspace whose "
+        "user_states predate the login's states copy (ADR-0043) reads the slower way until `rebuild state` "
+        "(or all) has written the copy: the merge vouches for it.",
         "fanout rebuild all --data-dir ./data",
     )
     p.add_argument("target", choices=["mailbox", "state", "heads", "all"], help="what to rebuild")
