@@ -22,7 +22,7 @@ from typing import Any
 from cassandra.cluster import Session
 from cassandra.query import PreparedStatement
 
-from adapters.cassandra.batches import Encoded, prefix, statement
+from adapters.cassandra.batches import Encoded, cell, prefix, statement
 from projections.state import SessionState
 
 NO_SEQ = -1  # "no value" of a nullable seq (writer.py NO_SEQ: a null written is a tombstone)
@@ -31,8 +31,8 @@ _CELL = struct.Struct(">BqqBqqqq")
 CELL_VERSION = 1
 _unpack = _CELL.unpack
 _make = tuple.__new__  # SessionState is a NamedTuple: its fields in order
-_LENGTH, _BIGINT = struct.Struct(">i"), struct.Struct(">q")
-_LONG = _LENGTH.pack(8)  # a bigint's length
+_BIGINT = struct.Struct(">q")
+_LONG = struct.pack(">i", 8)  # a bigint's length
 COPY = "session_states"  # the copy's name in the markers' table
 
 
@@ -88,16 +88,10 @@ def copy_cells(values: Sequence[str | bytes | int]) -> bytes:
     """The values of a copy's statement as a statement carries them (batches.cell): a str as
     text, bytes as a blob, an int as a bigint (the stamp); the copy's columns have no other
     type (the driver's bind cost ~15 us a row, this ~2)."""
-    out = []
-    for v in values:
-        if isinstance(v, str):
-            b = v.encode()
-            out.append(_LENGTH.pack(len(b)) + b)
-        elif isinstance(v, bytes):
-            out.append(_LENGTH.pack(len(v)) + v)
-        else:
-            out.append(_LONG + _BIGINT.pack(v))
-    return b"".join(out)
+    return b"".join(
+        cell(v.encode()) if isinstance(v, str) else cell(v) if isinstance(v, bytes) else _LONG + _BIGINT.pack(v)
+        for v in values
+    )
 
 
 def vouch(session: Session, keyspace: str) -> None:
