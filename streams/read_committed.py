@@ -1,4 +1,4 @@
-"""A Faust app whose consumer reads committed records only.
+"""A Faust app whose consumer reads committed records only, and commits where its agent stands.
 
 The relay writes the event topic in Kafka transactions; a record of an aborted one must never
 be applied. faust-streaming 0.15.3 has no setting for the consumer's isolation level (it reads
@@ -6,23 +6,34 @@ committed only with processing_guarantee="exactly_once", which also makes Faust 
 transactional producers the workers do not need), so the app's consumer thread sets it on the
 aiokafka consumer it creates. `streams/worker.py` builds its app from `WorkerApp`.
 
-Reading committed records, the consumer meets a gap in the offsets after every transaction (its
-commit marker), and Faust keeps the gaps of a partition until its next offset commit, so that
-the committed offset can pass them. Faust keeps them in an `intervaltree.IntervalTree` and
-calls `merge_overlaps()` after each one: a rebuild of the whole tree, O(n log n) a gap, which
-took about a quarter of a worker's CPU under small-group traffic (one transaction per relay
-batch, a marker in every partition it wrote; yappi profile in docs/PERFORMANCE.md section 16).
-`OffsetGaps` keeps the same spans in a list, merged as they come: O(1) for a gap that comes in
-offset order, as they all do."""
+**The offsets it commits (ADR-0044).** Reading committed records, the consumer meets a gap in
+the offsets after every transaction (its commit marker). Faust 0.15.3 commits only a run of
+consecutive acked offsets and fills the gaps from spans it records as it reads; but the span it
+records runs one offset too far, over the record after the gap, which is acked as well, and the
+duplicate ends the run: each commit advanced about one transaction, so under the relay's traffic
+the group's committed offsets fell hopelessly behind (7-15 of 313-482 records a partition in
+`tests/distributed/test_worker.py`; 503-531 of ~12,300 in session 16's benches), a restarted
+worker or a partition that moved was handed nearly the whole partition again (skipped by the
+host's tracking, at 10-12 s of CPU), and Kafka's lag of the group said the workers were behind
+when they were not. The span bookkeeping also cost about a quarter of a worker's CPU under
+small-group traffic (docs/PERFORMANCE.md section 16).
+
+This consumer commits what its agent has taken: the worker's one agent (concurrency 1) acks each
+partition's records in offset order, after the unit that applied them committed (a take is
+acked as a whole after it is handled), so every offset of a partition below its highest acked
+one is a record already applied or one this consumer is never handed (a commit marker, a record
+of an aborted transaction); the offset to commit is the highest acked + 1. No spans are kept.
+Idempotence still rests on the host's tracking, never on these offsets (streams/host.py): a
+commit behind the views costs records skipped, one ahead of them (an ack in a take's `finally`
+at shutdown) is caught by the host, which reads from the log what the views lack."""
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections import defaultdict
-from typing import Any, NamedTuple
+from typing import Any
 
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
 
 
 class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -34,78 +45,20 @@ class ReadCommittedConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         return consumer
 
 
-class Span(NamedTuple):
-    """Offsets begin..end-1 (an `intervaltree.Interval` as Faust reads one: begin, end)."""
-
-    begin: int
-    end: int
-
-
-class OffsetGaps:
-    """The gaps of one partition's offsets, with the part of `intervaltree.IntervalTree`'s
-    interface that Faust's consumer uses (`addi`, `merge_overlaps`, `overlap`, `chop`, truth),
-    and the same answers (tests/unit/test_offset_gaps.py runs both on random operations).
-    The spans are kept sorted, disjoint and merged where they overlap (as `merge_overlaps`
-    leaves a tree: spans that only touch stay apart)."""
-
-    __slots__ = ("_spans",)
-
-    def __init__(self) -> None:
-        self._spans: list[Span] = []
-
-    def __bool__(self) -> bool:
-        return bool(self._spans)
-
-    def __len__(self) -> int:
-        return len(self._spans)
-
-    def __iter__(self) -> Any:
-        return iter(self._spans)
-
-    def addi(self, begin: int, end: int, data: object = None) -> None:
-        if begin >= end:
-            raise ValueError(f"null gap {begin}..{end}")
-        spans = self._spans
-        if not spans or spans[-1].end <= begin:
-            spans.append(Span(begin, end))  # the usual case: after every span so far
-            return
-        i = bisect_left(spans, begin, key=lambda s: s.begin)
-        if i > 0 and spans[i - 1].end > begin:  # overlaps the span before it
-            i -= 1
-        j = i
-        while j < len(spans) and spans[j].begin < end:  # and those it reaches into
-            j += 1
-        if i < j:
-            begin, end = min(begin, spans[i].begin), max(end, spans[j - 1].end)
-        spans[i:j] = [Span(begin, end)]
-
-    def merge_overlaps(self) -> None:
-        """Nothing to do: the spans are merged as they are added."""
-
-    def overlap(self, begin: int, end: int) -> list[Span]:
-        """The spans that share an offset with begin..end-1 (none for an empty range)."""
-        if begin >= end:
-            return []
-        return [s for s in self._spans if s.begin < end and s.end > begin]
-
-    def chop(self, begin: int, end: int) -> None:
-        """Offsets begin..end-1 are no longer gaps (a span across either edge is cut there)."""
-        kept: list[Span] = []
-        for s in self._spans:
-            if s.end <= begin or s.begin >= end:
-                kept.append(s)
-                continue
-            if s.begin < begin:
-                kept.append(Span(s.begin, begin))
-            if s.end > end:
-                kept.append(Span(end, s.end))
-        self._spans = kept
-
-
 class ReadCommittedConsumer(faust_aiokafka.Consumer):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._gap = defaultdict(OffsetGaps)  # see the module doc
+    """Reads committed records; commits each partition's highest acked offset + 1 (module doc)."""
+
+    def _new_offset(self, tp: TP) -> int | None:
+        acked = self._acked[tp]
+        if not acked:
+            return None
+        top = max(acked)
+        acked.clear()
+        self._acked_index[tp].clear()
+        return top + 1
+
+    async def _add_gap(self, tp: TP, offset_from: int, offset_to: int) -> None:
+        """No spans are kept: the offset to commit does not need them (module doc)."""
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return ReadCommittedConsumerThread(self, loop=self.loop, beacon=self.beacon)

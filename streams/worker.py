@@ -7,9 +7,10 @@ the event topic the relay writes (`streams/records.py`) to the projection host
   single-thread executor (`loop.run_in_executor`): the Faust event loop never waits on a view
   store, and the units of one worker never overlap (the view stores are not required to take
   concurrent units from one process).
-* **Idempotence by tracking, not by Kafka offsets** (the host's). Faust commits offsets on its
-  own, only for events the agent has finished (the take buffer acks after the batch is
-  handled), so a committed offset is never ahead of the views; behind them is harmless.
+* **Idempotence by tracking, not by Kafka offsets** (the host's). The consumer commits each
+  partition's highest acked offset + 1 (`streams/read_committed.py`, ADR-0044), acked after the
+  take is handled, so the group's committed offsets follow the views and a restarted worker is
+  handed almost nothing again; behind the views is harmless, ahead is caught by the host.
 * **A failed unit** is logged once (then once per interval while it keeps failing) and the
   same records are retried after a short backoff: nothing is acked or skipped (`Applier`).
 * **Revocation** forgets the revoked partitions' working sets and tracked positions (another
