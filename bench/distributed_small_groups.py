@@ -12,6 +12,9 @@ sends/s on this machine: docs/PERFORMANCE.md section 6).
 lag of the views behind the log is sampled every 0.5 s while they send: at a rate the
 projection sustains, the lag of the second half of the run is no higher than the first's.
 
+--restart-worker: after the run, worker-1 is stopped and started again in its consumer group, and
+one more send is timed through it; prints what the new worker was handed again (ADR-0044).
+
 --group N: each replica sends N at a time through `FanoutApplication.grouped`, one event-store
 transaction for the N (ADR-0030), as the HTTP command lane does with the sends queued behind
 one; 1 (the default) is one transaction per send.
@@ -154,6 +157,24 @@ def collect(out: Any, children: list[Any], kind: str, timeout: float) -> list[An
     return list(got.values())
 
 
+def restart_worker(rt: Any, fleet: Fleet, watch: MemoryWatch, tenant: str) -> None:
+    """worker-1 stopped and started again in its consumer group; one more send timed until the
+    views hold it, and what the new worker was handed again (ADR-0044: where the group's
+    committed offsets stood)."""
+    fleet.kill("worker-1", signal.SIGTERM)
+    again = fleet.start("worker-1-again", "cli.worker")
+    watch.watch("worker-1-again", partial(list, [again.pid]))
+    cpu0, t0 = watch.cpu(), time.time()
+    rt.app.send_message(tenant, "g0", sender="u0", text="after the restart")
+    rt.wait_until(rt.log_position(), 600)
+    took, cpu1 = time.time() - t0, watch.cpu()
+    fleet.kill("worker-1-again", signal.SIGTERM)
+    stopped = [line for line in fleet.tail("worker-1-again", 100_000).splitlines() if "worker stopped:" in line]
+    print(f"  worker-1 restarted: the views held one more send {took:.2f} s after the restart; "
+          f"{stopped[-1].split('worker stopped: ', 1)[-1] if stopped else 'no stop line'}")  # fmt: skip
+    print("  restart:   " + watch.cpu_report(cpu0, cpu1, took), flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--groups", type=int, default=1000)
@@ -167,6 +188,8 @@ def main() -> int:
     ap.add_argument("--pause-workers", action="store_true", help="SIGSTOP the workers while the replicas send "
                     "(the command side alone on the cores), SIGCONT after; the projection is timed from then")  # fmt: skip
     ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--restart-worker", action="store_true", help="after the run, stop worker-1 (SIGTERM), start "
+                    "it again in the same consumer group and time one more send through it (ADR-0044)")  # fmt: skip
     args = ap.parse_args()
 
     exit_on_sigterm()
@@ -264,6 +287,8 @@ def main() -> int:
                   f"{statistics.median(first_half):,.0f} in the first half, {statistics.median(second_half):,.0f} in "
                   f"the second; max {max(lag for _, lag in lags):,}"
                   + (f" (paced at {args.rate:,.0f} messages/s)" if args.rate else ""), flush=True)  # fmt: skip
+        if args.restart_worker:
+            restart_worker(rt, fleet, watch, tenant_of(0, args.tenants))
         print(watch.report(), flush=True)
         for d in sorted(done, key=lambda d: d[1]):
             print(f"  replica-{d[1] + 1} (process)   VmHWM {d[8] / 1024:,.0f} MiB (its own, at its end)")
