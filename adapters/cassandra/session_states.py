@@ -25,7 +25,11 @@ from cassandra.query import PreparedStatement
 from adapters.cassandra.batches import Encoded, cell, prefix, statement
 from projections.state import SessionState
 
-NO_SEQ = -1  # "no value" of a nullable seq (writer.py NO_SEQ: a null written is a tombstone)
+# "No value" of a nullable seq (delivered, gap end), in user_states' columns (writer.py) and in
+# the copy's cell alike. A null written by an INSERT is a tombstone: two per member row (no gap
+# is the common case) made a 100k-member partition 200k tombstones, read on every load of the
+# conversation, and that ran Cassandra out of heap in the crash tests. Seqs are >= 0.
+NO_SEQ = -1
 # version, read seq, delivered seq, skipping, gap end, rebuilt seq, personal mentions, broadcast base
 _CELL = struct.Struct(">BqqBqqqq")
 CELL_VERSION = 1

@@ -1,8 +1,8 @@
 """The write side of the Cassandra views: `CassandraWriter`, the ViewWriter of one unit of
 work, which buffers every write (the last one per key wins, as it would in order) as the
 cells the commit will send, and turns them into the rows of the commit's rounds
-(`CassandraViews._commit`, ADR-0025); the state rows' codec (NO_SEQ) and round B's batching
-(`conversation_batches`)."""
+(`CassandraViews._commit`, ADR-0025); the state rows' codec (its "no value" NO_SEQ is
+session_states.py's) and round B's batching (`conversation_batches`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from adapters.cassandra.batches import Encoded, Row
 from adapters.cassandra.session_heads import session_head_rows
-from adapters.cassandra.session_states import paired, session_cell
+from adapters.cassandra.session_states import NO_SEQ, paired, session_cell
 from adapters.cassandra.stamps import stamp
 from projections.ports import MessageRefs
 from projections.rows import (
@@ -38,10 +38,6 @@ CONVERSATION_BATCH_ROWS = 250
 CONVERSATION_BATCH_BYTES = 48 * 1024
 ROW_BYTES = 160  # an estimate of a row's size without its text
 
-# A null written by an INSERT is a tombstone: two per member row (no gap is the common case) made
-# a 100k-member partition 200k tombstones, read on every load of the conversation, and that was
-# what ran Cassandra out of heap in the crash tests. "No value" is stored as -1 (seqs are >= 0).
-NO_SEQ = -1
 _NULLABLE_SEQS = ("delivered_conversation_seq", "gap_end")
 
 

@@ -16,9 +16,8 @@ import pytest
 from adapters.cassandra.connect import open_cluster
 from adapters.cassandra.mailbox import CassandraMailbox
 from adapters.cassandra.schema import MAILBOX_TABLES, TABLES, create_schema
-from adapters.cassandra.session_states import vouch
+from adapters.cassandra.session_states import NO_SEQ, vouch
 from adapters.cassandra.views import CassandraViews
-from adapters.cassandra.writer import NO_SEQ
 from adapters.memory import MemoryViews
 from fanout.bootstrap import open_views
 from fanout.urls import cassandra_settings
