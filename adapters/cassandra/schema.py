@@ -166,10 +166,11 @@ def create_schema(session: Session, keyspace: str, replication: int, datacenter:
     else:
         strategy = f"{{'class': 'SimpleStrategy', 'replication_factor': {replication}}}"
     session.execute(f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {strategy}", timeout=120)
-    if any(name == "mailbox" for name, _ in tables_by_name(tables)):
+    ddls = list(tables_by_name(tables))
+    names = [name for name, _ in ddls]
+    if "mailbox" in names:
         refuse_old_mailbox(session, keyspace)
-    names = [name for name, _ in tables_by_name(tables)]
-    for name, ddl in tables_by_name(tables):
+    for name, ddl in ddls:
         session.execute(ddl.format(ks=keyspace, id=table_id(keyspace, name)), timeout=120)
     # Session.wait_for_schema_agreement reads schema_version as an attribute: with rows
     # as dicts it never agrees (scylla-driver 3.29); the control connection's check works.
