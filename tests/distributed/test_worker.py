@@ -492,3 +492,55 @@ def test_the_committed_offsets_keep_up_and_a_restarted_worker_reads_nothing_agai
         assert worker.stop() == 0, worker.output()[-3000:]
     stopped = [line for line in worker.output().splitlines() if "worker stopped:" in line]
     assert stopped and stopped[-1].endswith(", 0 redelivered skipped"), worker.output()[-3000:]
+
+
+def test_a_group_committed_past_the_views_loses_nothing(fresh_postgres: str, fresh_kafka: str, tmp_path: Path) -> None:
+    """The views, not Kafka's offsets, say where a worker resumes (ADR-0044): the group's
+    committed offsets set to the end of every partition while the views hold only the first
+    half of the log (as a take acked at a stop before its unit committed would leave them),
+    a new worker is handed only what comes after, reads the second half again from the log,
+    and its views equal the reference."""
+    b = LogBuilder(postgres_env(fresh_postgres))
+    try:
+        write_log(b)
+        notes = b.notes()
+        reference = snapshot(b.views)
+    finally:
+        b.close()
+    top = notes[-1].id
+    kafka = kafka_settings(fresh_kafka)
+    ensure_topic(kafka.brokers, kafka.topic, PARTITIONS)
+    relay = FakeRelay(kafka.brokers, kafka.topic)
+    data_dir = tmp_path / "views"
+    data_dir.mkdir()
+    env = worker_env(fresh_postgres, fresh_kafka, "sqlite", data_dir)
+    half = notes[: len(notes) // 2]
+    relay.send_notes(half)
+    worker = WorkerProcess(env, tmp_path / "worker1.log")
+    try:
+        wait_tracked(sqlite_positions(data_dir), half[-1].id, [worker])
+    finally:
+        assert worker.stop() == 0, worker.output()[-3000:]
+    relay.send_notes(notes[len(half) :])
+    group = f"fanout-worker.{kafka.topic}"
+    ends = {p: end for p, (_, end) in group_lag(kafka.brokers, kafka.topic, group).items()}
+    c = Consumer({"bootstrap.servers": kafka.brokers, "group.id": group, "enable.auto.commit": False})
+    try:
+        c.commit(offsets=[TopicPartition(kafka.topic, p, end) for p, end in ends.items()], asynchronous=False)
+    finally:
+        c.close()
+    assert {p: committed for p, (committed, _) in group_lag(kafka.brokers, kafka.topic, group).items()} == ends
+    relay.send([], watermark=top + 1)
+
+    worker = WorkerProcess(env, tmp_path / "worker2.log", loglevel="info")
+    try:
+        wait_tracked(sqlite_positions(data_dir), top + 1, [worker])
+    finally:
+        assert worker.stop() == 0, worker.output()[-3000:]
+    assert "the views had not applied" in worker.output(), worker.output()[-3000:]
+    views = open_views(data_dir, PARAMS.mailbox_shards)
+    try:
+        assert snapshot(views) == reference
+        assert views.positions() == {(name, p): top + 1 for name in PROJECTIONS for p in range(PARTITIONS)}
+    finally:
+        views.close()
