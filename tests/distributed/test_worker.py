@@ -447,6 +447,26 @@ def group_lag(brokers: str, topic: str, group: str) -> dict[int, tuple[int, int]
         c.close()
 
 
+def sqlite_worker_setup(
+    postgres: str, kafka_url: str, tmp_path: Path, rounds: int = 2
+) -> tuple[list[Any], dict[str, Any], Any, FakeRelay, Path, dict[str, str]]:
+    """A log written (`rounds` of write_log) and its reference snapshot, a fresh topic and its
+    relay, an empty data dir for a worker's SQLite views and that worker's environment."""
+    b = LogBuilder(postgres_env(postgres))
+    try:
+        write_log(b, rounds=rounds)
+        notes = b.notes()
+        reference = snapshot(b.views)
+    finally:
+        b.close()
+    kafka = kafka_settings(kafka_url)
+    ensure_topic(kafka.brokers, kafka.topic, PARTITIONS)
+    data_dir = tmp_path / "views"
+    data_dir.mkdir()
+    env = worker_env(postgres, kafka_url, "sqlite", data_dir)
+    return notes, reference, kafka, FakeRelay(kafka.brokers, kafka.topic), data_dir, env
+
+
 def test_the_committed_offsets_keep_up_and_a_restarted_worker_reads_nothing_again(
     fresh_postgres: str, fresh_kafka: str, tmp_path: Path
 ) -> None:
@@ -455,19 +475,8 @@ def test_the_committed_offsets_keep_up_and_a_restarted_worker_reads_nothing_agai
     commit marker excepted), and a worker restarted in the same group is handed nothing it had
     applied. Faust's own commits advanced about one transaction each and fell behind by
     hundreds of records here (ADR-0044)."""
-    b = LogBuilder(postgres_env(fresh_postgres))
-    try:
-        write_log(b, rounds=4)
-        notes = b.notes()
-    finally:
-        b.close()
+    notes, _, kafka, relay, data_dir, env = sqlite_worker_setup(fresh_postgres, fresh_kafka, tmp_path, rounds=4)
     top = notes[-1].id
-    kafka = kafka_settings(fresh_kafka)
-    ensure_topic(kafka.brokers, kafka.topic, PARTITIONS)
-    relay = FakeRelay(kafka.brokers, kafka.topic)
-    data_dir = tmp_path / "views"
-    data_dir.mkdir()
-    env = worker_env(fresh_postgres, fresh_kafka, "sqlite", data_dir)
     group = f"fanout-worker.{kafka.topic}"
     worker = WorkerProcess(env, tmp_path / "worker1.log")
     try:
@@ -500,20 +509,8 @@ def test_a_group_committed_past_the_views_loses_nothing(fresh_postgres: str, fre
     half of the log (as a take acked at a stop before its unit committed would leave them),
     a new worker is handed only what comes after, reads the second half again from the log,
     and its views equal the reference."""
-    b = LogBuilder(postgres_env(fresh_postgres))
-    try:
-        write_log(b)
-        notes = b.notes()
-        reference = snapshot(b.views)
-    finally:
-        b.close()
+    notes, reference, kafka, relay, data_dir, env = sqlite_worker_setup(fresh_postgres, fresh_kafka, tmp_path)
     top = notes[-1].id
-    kafka = kafka_settings(fresh_kafka)
-    ensure_topic(kafka.brokers, kafka.topic, PARTITIONS)
-    relay = FakeRelay(kafka.brokers, kafka.topic)
-    data_dir = tmp_path / "views"
-    data_dir.mkdir()
-    env = worker_env(fresh_postgres, fresh_kafka, "sqlite", data_dir)
     half = notes[: len(notes) // 2]
     relay.send_notes(half)
     worker = WorkerProcess(env, tmp_path / "worker1.log")
