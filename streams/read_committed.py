@@ -11,7 +11,7 @@ the offsets after every transaction (its commit marker). Faust 0.15.3 commits on
 consecutive acked offsets and fills the gaps from spans it records as it reads; but the span it
 records runs one offset too far, over the record after the gap, which is acked as well, and the
 duplicate ends the run: each commit advanced about one transaction, so under the relay's traffic
-the group's committed offsets fell hopelessly behind (7-15 of 313-482 records a partition in
+the group's committed offsets fell hopelessly behind (7-26 of 313-482 records a partition in
 `tests/distributed/test_worker.py`; 503-531 of ~12,300 in session 16's benches), a restarted
 worker or a partition that moved was handed nearly the whole partition again (skipped by the
 host's tracking, at 10-12 s of CPU), and Kafka's lag of the group said the workers were behind
