@@ -36,7 +36,6 @@ CELL_VERSION = 1
 _unpack = _CELL.unpack
 _make = tuple.__new__  # SessionState is a NamedTuple: its fields in order
 _BIGINT = struct.Struct(">q")
-_LONG = struct.pack(">i", 8)  # a bigint's length
 COPY = "session_states"  # the copy's name in the markers' table
 
 
@@ -93,8 +92,7 @@ def copy_cells(values: Sequence[str | bytes | int]) -> bytes:
     text, bytes as a blob, an int as a bigint (the stamp); the copy's columns have no other
     type (the driver's bind cost ~15 us a row, this ~2)."""
     return b"".join(
-        cell(v.encode()) if isinstance(v, str) else cell(v) if isinstance(v, bytes) else _LONG + _BIGINT.pack(v)
-        for v in values
+        cell(v.encode() if isinstance(v, str) else v if isinstance(v, bytes) else _BIGINT.pack(v)) for v in values
     )
 
 
