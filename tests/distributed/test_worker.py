@@ -36,6 +36,7 @@ from projections.hosting import PROJECTIONS
 from streams.kafka import ensure_topic
 from streams.pushes import PushSubscriber, ensure_pushes_topic, pushes_topic
 from streams.records import EventRecord, Watermark
+from streams.worker import WorkerSettings
 from tests.host_log import (
     PARAMS,
     PARTITIONS,
@@ -477,7 +478,7 @@ def test_the_committed_offsets_keep_up_and_a_restarted_worker_reads_nothing_agai
     hundreds of records here (ADR-0044)."""
     notes, _, kafka, relay, data_dir, env = sqlite_worker_setup(fresh_postgres, fresh_kafka, tmp_path, rounds=4)
     top = notes[-1].id
-    group = f"fanout-worker.{kafka.topic}"
+    group = WorkerSettings(kafka.brokers, kafka.topic).group
     worker = WorkerProcess(env, tmp_path / "worker1.log")
     try:
         for i in range(0, len(notes), 5):
@@ -519,7 +520,7 @@ def test_a_group_committed_past_the_views_loses_nothing(fresh_postgres: str, fre
     finally:
         assert worker.stop() == 0, worker.output()[-3000:]
     relay.send_notes(notes[len(half) :])
-    group = f"fanout-worker.{kafka.topic}"
+    group = WorkerSettings(kafka.brokers, kafka.topic).group
     ends = {p: end for p, (_, end) in group_lag(kafka.brokers, kafka.topic, group).items()}
     c = Consumer({"bootstrap.servers": kafka.brokers, "group.id": group, "enable.auto.commit": False})
     try:
