@@ -311,12 +311,14 @@ class MemoryViews:
         with self._lock:
             return sorted({t for t, _ in self.heads_rows})
 
-    def conversation_activity(self, tenant: str | None) -> Iterator[tuple[str, str, str, list[float]]]:
+    def conversation_activity(
+        self, tenant: str | None, size_bucket: str | None = None
+    ) -> Iterator[tuple[str, str, str, list[float]]]:
         with self._lock:
             rows = [
                 (t, c, h["size_bucket"], [s.last_active for s in self.states.get((t, c), {}).values()])
                 for (t, c), h in sorted(self.heads_rows.items())
-                if tenant is None or t == tenant
+                if (tenant is None or t == tenant) and (size_bucket is None or h["size_bucket"] == size_bucket)
             ]
         yield from rows
 

@@ -189,12 +189,17 @@ class Queries:
         """The tenant's reviews as the views hold them."""
         return list(self.views.reviews(tenant))
 
-    def alpha_by_bucket(self, tenant: str | None, now: float | None = None) -> dict[str, dict[str, Any]]:
-        """alpha (active members / members) per conversation, summarized per size bucket."""
+    def alpha_by_bucket(
+        self, tenant: str | None, now: float | None = None, size_bucket: SizeBucket | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """alpha (active members / members) per conversation, summarized per size bucket
+        (that bucket's alone when given: the others' states are not read)."""
         now = time.time() if now is None else now
-        per: dict[str, list[tuple[str, str, int, float]]] = {b.value: [] for b in SizeBucket}
+        buckets = list(SizeBucket) if size_bucket is None else [size_bucket]
+        per: dict[str, list[tuple[str, str, int, float]]] = {b.value: [] for b in buckets}
         # The activity rule stays the domain's (alpha_of).
-        for t, cid, bucket, actives in self.views.conversation_activity(tenant):
+        only = None if size_bucket is None else size_bucket.value
+        for t, cid, bucket, actives in self.views.conversation_activity(tenant, only):
             n, alpha = alpha_of(actives, now, self.params.activity_window)
             per[bucket].append((t, cid, n, alpha))
         out = {}

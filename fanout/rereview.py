@@ -30,7 +30,7 @@ log = logging.getLogger("fanout.rereview")
 
 WATCH_STATE = "rereview.watch"
 INTERVAL = 1.0  # seconds between evaluations
-ALPHA_REFRESH = 10.0  # alpha is one view read per conversation: at most this often
+ALPHA_REFRESH = 10.0  # alpha is one view read per large conversation: at most this often
 
 
 # Condition 4 times the writes of at least this many entries: the O(N) term of a big group's
@@ -123,9 +123,12 @@ class ReReviewWatch:
 
     def large_alpha(self, now: float) -> tuple[float | None, int]:
         """(mean alpha, conversations) of the large bucket over every tenant, refreshed at most
-        every `alpha_refresh` s (the same summary as /metrics' conversation_active_member_ratio)."""
+        every `alpha_refresh` s (the same summary as /metrics' conversation_active_member_ratio).
+        The large bucket's conversations alone are read: the others' members are most of the
+        states, and no condition looks at them."""
         if self._alpha_at is None or now - self._alpha_at >= self.alpha_refresh:
-            summary = Queries(self.runtime.views, self.params).alpha_by_bucket(None, now=now)
+            queries = Queries(self.runtime.views, self.params)
+            summary = queries.alpha_by_bucket(None, now=now, size_bucket=SizeBucket.LARGE)
             large = summary[SizeBucket.LARGE.value]
             self._alpha = (large["alpha_mean"], int(large["conversations"]))
             self._alpha_at = now

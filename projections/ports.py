@@ -197,9 +197,13 @@ class ViewReader(Protocol):
     def tenants(self) -> list[str]:
         """Every tenant with a conversation, sorted."""
 
-    def conversation_activity(self, tenant: str | None) -> Iterator[tuple[str, str, str, list[float]]]:
+    def conversation_activity(
+        self, tenant: str | None, size_bucket: str | None = None
+    ) -> Iterator[tuple[str, str, str, list[float]]]:
         """(tenant, conversation_id, size_bucket, the members' last_active) of every
-        conversation (of one tenant, or all), in (tenant, conversation_id) order."""
+        conversation (of one tenant, or all; of one size bucket, or all), in (tenant,
+        conversation_id) order. A member state read a conversation: the re-review watch asks
+        for the large bucket alone, which it reads every few seconds."""
 
     def load_conversation(
         self, tenant: str, conversation_id: str

@@ -67,6 +67,7 @@ from projections.state import SessionHead, SessionItem, SessionState, UserConver
 
 IN_FLIGHT = 200  # requests in the air at once
 PUSH_COUNTS_KEPT = 10_000  # messages whose push count a replica remembers (a message is pushed at once)
+ACTIVITY_READS = 256  # conversations' states partitions an activity read has read at once (memory bounded)
 HEADS_PER_READ = 100  # conversation heads read by one request of the login's batched read
 # A login's heads read from the session heads' copy (ADR-0042) when at least this many, and this
 # many of one partition to a request (docs/PERFORMANCE.md section 22)
@@ -590,13 +591,31 @@ class CassandraViews:
         rows = self.session.execute(f"SELECT DISTINCT tenant FROM {self.keyspace}.heads_by_tenant", timeout=300)
         return sorted(r["tenant"] for r in rows)
 
-    def conversation_activity(self, tenant: str | None) -> Iterator[tuple[str, str, str, list[float]]]:
+    def conversation_activity(
+        self, tenant: str | None, size_bucket: str | None = None
+    ) -> Iterator[tuple[str, str, str, list[float]]]:
+        """A tenant's conversations from its heads_by_tenant partition (the bucket's only,
+        when given, before any state is read), then their states partitions, ACTIVITY_READS
+        at a time, the requests of each group in flight at once."""
         for t in [tenant] if tenant is not None else self.tenants():
-            for r in self.session.execute(self._r["by_tenant"], (t,)):
-                actives = [
-                    s["last_active"] for s in self.session.execute(self._r["last_active"], (t, r["conversation_id"]))
-                ]
-                yield t, r["conversation_id"], r["size_bucket"], actives
+            rows = [
+                (r["conversation_id"], r["size_bucket"])
+                for r in self.session.execute(self._r["by_tenant"], (t,))
+                if size_bucket is None or r["size_bucket"] == size_bucket
+            ]
+            for i in range(0, len(rows), ACTIVITY_READS):
+                group = rows[i : i + ACTIVITY_READS]
+                results = execute_concurrent_with_args(
+                    self.session,
+                    self._r["last_active"],
+                    [(t, cid) for cid, _ in group],
+                    concurrency=IN_FLIGHT,
+                    execution_profile=TUPLE_ROWS,
+                )
+                for (cid, bucket), (ok, result) in zip(group, results, strict=True):
+                    if not ok:
+                        raise result
+                    yield t, cid, bucket, [r[0] for r in result]
 
     def load_conversation(
         self, tenant: str, conversation_id: str

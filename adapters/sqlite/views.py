@@ -456,14 +456,18 @@ class SqliteViews:
     def tenants(self) -> list[str]:
         return [r[0] for r in self.reader().execute("SELECT DISTINCT tenant FROM heads ORDER BY tenant")]
 
-    def conversation_activity(self, tenant: str | None) -> Iterator[tuple[str, str, str, list[float]]]:
+    def conversation_activity(
+        self, tenant: str | None, size_bucket: str | None = None
+    ) -> Iterator[tuple[str, str, str, list[float]]]:
         """One pass over heads joined to their members' states, not a query per conversation."""
+        where = {"h.tenant = ?": tenant, "h.size_bucket = ?": size_bucket}
+        kept = {k: v for k, v in where.items() if v is not None}
         rows = self.reader().execute(
             "SELECT h.tenant, h.conversation_id, h.size_bucket, s.last_active FROM heads h "
             "LEFT JOIN states s ON s.tenant = h.tenant AND s.conversation_id = h.conversation_id "
-            + ("WHERE h.tenant = ? " if tenant is not None else "")
+            + ("WHERE " + " AND ".join(kept) + " " if kept else "")
             + "ORDER BY h.tenant, h.conversation_id",
-            (tenant,) if tenant is not None else (),
+            tuple(kept.values()),
         )
         for (t, cid, bucket), group in groupby(rows, key=lambda r: (r[0], r[1], r[2])):
             yield t, cid, bucket, [r[3] for r in group if r[3] is not None]

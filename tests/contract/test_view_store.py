@@ -234,6 +234,9 @@ class ViewStoreContract:
         activity = [(t, c, bucket, sorted(actives)) for t, c, bucket, actives in views.conversation_activity(T)]
         assert activity == [(T, "a", "large", []), (T, "b", "small", [0.0, 4.0])]
         assert [c[:2] for c in views.conversation_activity(None)] == [(T, "a"), (T, "b"), ("zeta", "z")]
+        assert list(views.conversation_activity(T, "large")) == [(T, "a", "large", [])]
+        assert [c[:3] for c in views.conversation_activity(None, "small")] == [(T, "b", "small"), ("zeta", "z", "small")]
+        assert list(views.conversation_activity("zeta", "medium")) == []
         assert views.head(T, "a")["tenant"] == T and views.head(T, "a")["size_bucket"] == "large"
 
     def test_a_state_reads_as_its_row(self, views: Any) -> None:

@@ -12,6 +12,7 @@ from domain.params import Parameters
 from domain.rereview import MIN_COST_ENTRIES, Measures, advance, read
 from fanout.rereview import ReReviewWatch
 from projections.capacity import CapacityProjection
+from projections.state import UserConversationState
 
 HOLD = 60.0
 PARAMS = dataclasses.replace(Parameters(), rereview_hold=HOLD, mailbox_unit_cost_estimate_us=2.0)
@@ -148,3 +149,32 @@ def test_the_mailbox_meter_times_the_fan_out_writes_only_and_passes_everything_t
     assert meter.write("acme", big) == 6 and meter.entries == 6 and meter.seconds > 0
     assert meter.count() == 8 and len(list(meter.all_entries())) == 8
     assert meter._entries is meter.inner._entries  # type: ignore[attr-defined]  # any other attribute: the store's
+
+
+def test_the_watch_reads_the_states_of_the_large_buckets_conversations_alone() -> None:
+    """Condition 7 looks at the large bucket only: every API replica refreshes it every
+    ALPHA_REFRESH s, and reading every conversation's members (most of them in small groups)
+    for it cost a serve process a sixth of its CPU in the login bench (PERFORMANCE.md 25)."""
+    from tests.contract.test_view_store import head
+
+    class CountingViews(MemoryViews):
+        def __init__(self) -> None:
+            super().__init__()
+            self.read: list[str] = []
+
+        def conversation_activity(self, tenant: str | None, size_bucket: str | None = None) -> Any:
+            for row in super().conversation_activity(tenant, size_bucket):
+                self.read.append(row[1])
+                yield row
+
+    views = CountingViews()
+    with views.unit_of_work() as w:
+        w.put_head("acme", "big", {**head("big", tenant="acme"), "size_bucket": "large"})
+        w.put_states("acme", "big", [("u", UserConversationState(0, 0, last_active=999.0)),
+                                     ("v", UserConversationState(0, 0, last_active=0.0))])  # fmt: skip
+        for i in range(50):
+            w.put_head("acme", f"s{i}", head(f"s{i}", tenant="acme"))
+            w.put_states("acme", f"s{i}", [("u", UserConversationState(0, 0, last_active=999.0))])
+    watch = ReReviewWatch(FakeRuntime(views, CapacityProjection(PARAMS), FakeApp()), clock=lambda: 1000.0)  # type: ignore[arg-type]
+    assert watch.large_alpha(1000.0) == (0.5, 1)
+    assert views.read == ["big"]
