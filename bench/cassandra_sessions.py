@@ -165,13 +165,17 @@ def main() -> int:
         print(f"{args.conversations:,} conversations (create + one send each) through the runtime in "
               f"{built:.1f} s; the views held them {time.monotonic() - t:.1f} s after the first", flush=True)  # fmt: skip
 
+        ws_cpu0 = watch.cpu()
         first, whole, frames, sessions = asyncio.run(websocket_logins(base, args.repeats))
+        ws_cpu = {name: (sec - ws_cpu0.get(name, 0.0)) / (args.repeats + 1) for name, sec in watch.cpu().items()}
         print(f"SESSION_LIST_BATCH for a user in {args.conversations:,} conversations ({sessions:,} sessions in "
               f"{frames} frames), {args.repeats} logins each; last activity over {args.spread_hours:g} hours:")  # fmt: skip
         print(f"  WebSocket (fanout serve)  the user's first login (no head cached): first batch "
               f"{1000 * first[0]:.1f} ms, last batch {1000 * whole[0]:.1f} ms")  # fmt: skip
         print(f"                            AUTH sent -> first batch  {ms(first[1:])}")
         print(f"                            AUTH sent -> last batch   {ms(whole[1:])}")
+        print("                            CPU a login (the warm-up's included): "
+              + ", ".join(f"{name} {1000 * sec:.1f} ms" for name, sec in ws_cpu.items() if sec >= 0.0005))  # fmt: skip
 
         q_first, q_whole, q_uncached, q_full_first, states_t, heads_t = [], [], [], [], [], []
         q_uncopied: list[float] = []
