@@ -95,6 +95,7 @@ class MemoryWriter:
         self.positions: dict[tuple[str, int], int] = {}
         self.log_positions: dict[int, LogPosition] = {}
         self.partition = 0
+        self.above = 0
         self.checkpoint: Callable[[str], None] | None = None  # one commit step: never called
         self.head_keys: set[tuple[str, str]] = set()  # the heads put (heads_written)
 

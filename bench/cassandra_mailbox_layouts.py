@@ -35,7 +35,7 @@ from cassandra.query import BatchStatement, BatchType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from adapters.cassandra.mailbox import routing_key  # noqa: E402
+from adapters.cassandra.batches import routing_key  # noqa: E402
 
 ENGINES_DIR = Path(os.environ.get("FANOUT_ENGINES_DIR", "/tmp/fanout-engines"))
 _Q, _I = struct.Struct(">q"), struct.Struct(">i")

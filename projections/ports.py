@@ -97,6 +97,10 @@ class ViewWriter(Protocol):
 
     mailbox_entries: int  # entries queued in this unit (the runner bounds a unit by it)
     partition: int  # the log partition this unit applies (embedded: 0; Kafka: the partition)
+    # Every event this unit applies from `partition` is above this position (the lowest its
+    # views tracked there before the unit); the host sets it with `partition`. A store may keep
+    # it as a lower bound of what a write derives from (Cassandra's mailbox floors, ADR-0045).
+    above: int
     # A store that commits in several steps (Cassandra) calls it with the next step's name
     # between them; the host's fencing check raises there to end a stale unit. Stores that
     # commit in one transaction never call it.

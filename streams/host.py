@@ -307,8 +307,9 @@ class ProjectionHost:
         records went into it."""
         counts: dict[int, int] = {}
         work: dict[int, Sequence[Record]] = {}
+        lows: dict[int, int] = {}  # partition -> the lowest position its views tracked
         for partition, records in pending.items():
-            low = min(self.tracked(partition).values())
+            low = lows[partition] = min(self.tracked(partition).values())
             if all(r.position <= low for r in records):  # all redelivered: nothing to write
                 self.stats.skipped += sum(isinstance(r, EventRecord) for r in records)
                 counts[partition] = len(records)
@@ -325,12 +326,12 @@ class ProjectionHost:
             with self.views.unit_of_work(self.targets) as w:
                 w.checkpoint = self._checkpoint({p: self._committed.get(p) for p in work}, labels)
                 for partition, records in work.items():
-                    w.partition = partition
+                    w.partition, w.above = partition, lows[partition]
                     folds[partition] = self._fold(partition, records, w, effects, labels)
                     if w.mailbox_entries >= self.max_entries_per_commit:
                         break
                 for partition, fold in folds.items():
-                    w.partition = partition
+                    w.partition, w.above = partition, lows[partition]
                     for p in self.projections(partition):
                         p.flush(w)
                         w.track(p.name, fold.last[p.name], partition)

@@ -58,6 +58,18 @@ def cell(value: Any) -> bytes:
     return out
 
 
+def routing_key(key: tuple[bytes, ...]) -> bytes:
+    """The routing key of a partition key (the driver's encoding of a composite key)."""
+    if len(key) == 1:
+        return key[0]
+    return b"".join(map(key_component, key))
+
+
+def key_component(value: bytes) -> bytes:
+    """One column's part of a composite partition key's routing key."""
+    return _SHORT.pack(len(value)) + value + b"\x00"
+
+
 def prefix(query_id: bytes, count: int) -> bytes:
     """What a prepared statement of a batch starts with: kind 1 (prepared), its id, its value
     count; its values' cells follow."""

@@ -36,7 +36,16 @@ from typing import Any, NamedTuple
 from cassandra.cluster import Session
 from cassandra.query import BatchStatement, PreparedStatement
 
-from adapters.cassandra.batches import Encoded, cell, grouped, install, joined, prefix, statement
+from adapters.cassandra.batches import (
+    Encoded,
+    cell,
+    grouped,
+    install,
+    joined,
+    key_component,
+    prefix,
+    statement,
+)
 from adapters.cassandra.connect import TUPLE_ROWS, ClusterSettings, Connection, open_session, run
 from adapters.cassandra.schema import MAILBOX_TABLES
 from adapters.cassandra.stamps import stamp
@@ -95,21 +104,10 @@ class Statements(NamedTuple):
         return cls(session.prepare(INSERT_ENTRY.format(ks=keyspace)), session.prepare(MARK_HOUR.format(ks=keyspace)))
 
 
-def routing_key(key: tuple[bytes, ...]) -> bytes:
-    """The routing key of a partition key (the driver's encoding of a composite key)."""
-    if len(key) == 1:
-        return key[0]
-    return b"".join(map(_key_component, key))
-
-
-def _key_component(value: bytes) -> bytes:
-    return struct.pack(">H", len(value)) + value + b"\x00"
-
-
 # Each partition shard's value, its cell in a statement, its component of a routing key.
 _SHARD_VALUES = [_INT.pack(p) for p in range(PARTITION_SHARDS)]
 _SHARD_CELLS = [cell(v) for v in _SHARD_VALUES]
-_SHARD_KEYS = [_key_component(v) for v in _SHARD_VALUES]
+_SHARD_KEYS = [key_component(v) for v in _SHARD_VALUES]
 
 
 class CassandraMailbox:
@@ -182,7 +180,7 @@ class CassandraMailbox:
         pos_cell, end = cell(_BIGINT.pack(refs.pos)), cell(_BIGINT.pack(stamp(refs.pos)))
         seq, cid = _BIGINT.pack(refs.seq), refs.conversation_id.encode()
         tail = pos_cell + cell(ref(seq, refs.flags, cid)) + end
-        key_tenant, key_hour = _key_component(t), _key_component(hour)
+        key_tenant, key_hour = key_component(t), key_component(hour)
         special: dict[int, list[tuple[bytes, int]]] = {}  # partition shard -> its special members' cells, flags
         for u, f in refs.special.items():
             user = u.encode()

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 
 from cassandra.cluster import Session
 
+from adapters.cassandra.mailbox_floors import COPY as FLOORS
 from adapters.cassandra.session_states import vouch
 from projections.ports import StoreLayoutError
 
@@ -43,6 +44,11 @@ TABLES: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS {ks}.session_states (tenant text, user_id text, conversation_id text,
     state blob, PRIMARY KEY ((tenant, user_id), conversation_id)) WITH ID = {id}""",
     """CREATE TABLE IF NOT EXISTS {ks}.copies_complete (copy text, PRIMARY KEY (copy)) WITH ID = {id}""",
+    # A user's mailbox floor (ADR-0045, mailbox_floors.py): written with the user's state rows
+    # (one partition key with user_states, one mutation); not rebuilt (no TARGET_TABLES entry:
+    # the rebuild's merge restamps rows, and a floor's stamp is its own).
+    """CREATE TABLE IF NOT EXISTS {ks}.mailbox_floors (tenant text, user_id text, above bigint,
+    PRIMARY KEY ((tenant, user_id))) WITH ID = {id}""",
     """CREATE TABLE IF NOT EXISTS {ks}.delivery (tenant text, conversation_id text, conversation_seq bigint,
     message_id text, write_policy text, member_count bigint, mailbox_entries bigint, shards int, body_bytes bigint,
     pos bigint, online_pushes bigint, materialized_at double,
@@ -183,3 +189,5 @@ def create_schema(session: Session, keyspace: str, replication: int, datacenter:
         f"SELECT user_id FROM {keyspace}.user_states LIMIT 1"
     ).one():
         vouch(session, keyspace)  # no user_states row lacks its copy (ADR-0043)
+        if "mailbox_floors" in names:
+            vouch(session, keyspace, FLOORS)  # nor its user's mailbox floor (ADR-0045)

@@ -12,8 +12,7 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from adapters.cassandra.batches import Encoded, prefix
-from adapters.cassandra.mailbox import routing_key
+from adapters.cassandra.batches import Encoded, prefix, routing_key
 from projections.rows import HEAD_COLUMNS
 from projections.state import SessionHead
 

@@ -96,11 +96,13 @@ def copy_cells(values: Sequence[str | bytes | int]) -> bytes:
     )
 
 
-def vouch(session: Session, keyspace: str) -> None:
-    """Mark the copy complete: every `user_states` row has its copy from now on."""
-    session.execute(f"INSERT INTO {keyspace}.copies_complete (copy) VALUES (%s)", (COPY,))
+def vouch(session: Session, keyspace: str, copy: str = COPY) -> None:
+    """Mark the copy complete: every `user_states` row has its copy from now on (or, with
+    `copy` the name of another table written with `user_states`, that table's rows:
+    mailbox_floors.py)."""
+    session.execute(f"INSERT INTO {keyspace}.copies_complete (copy) VALUES (%s)", (copy,))
 
 
-def vouched(session: Session, keyspace: str) -> bool:
+def vouched(session: Session, keyspace: str, copy: str = COPY) -> bool:
     """Whether the copy is marked complete (`vouch`)."""
-    return session.execute(f"SELECT copy FROM {keyspace}.copies_complete WHERE copy=%s", (COPY,)).one() is not None
+    return session.execute(f"SELECT copy FROM {keyspace}.copies_complete WHERE copy=%s", (copy,)).one() is not None

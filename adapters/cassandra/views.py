@@ -39,8 +39,12 @@ from cassandra.query import PreparedStatement
 from adapters.cassandra.batches import Row, grouped
 from adapters.cassandra.connect import TUPLE_ROWS, Connection, open_session, run
 from adapters.cassandra.mailbox import CassandraMailbox, Statements
+from adapters.cassandra.mailbox_floors import COPY as FLOORS
+from adapters.cassandra.mailbox_floors import SELECT as SELECT_FLOOR
+from adapters.cassandra.mailbox_floors import UPDATE as UPDATE_FLOOR
 from adapters.cassandra.schema import TABLES
 from adapters.cassandra.session_heads import session_head_shard
+from adapters.cassandra.session_states import COPY as STATES_COPY
 from adapters.cassandra.session_states import session_of_cell, vouched
 from adapters.cassandra.stamps import stamp
 from adapters.cassandra.writer import (
@@ -110,8 +114,9 @@ class CassandraViews:
         self.head_cache: HeadCache | None = None
         self.copy_read_from = COPY_READ_FROM  # a login's heads from the session heads' copy from this many
         self.read_states_copy = True  # False: a login reads user_states even where the copy is vouched (benches)
-        self._states_copy = False  # the login's states copy vouched complete (ADR-0043)
-        self._states_copy_asked: float | None = None
+        # copy -> vouched complete (ADR-0043's states copy, ADR-0045's mailbox floors), and when asked
+        self._vouched: dict[str, bool] = {}
+        self._vouched_asked: dict[str, float] = {}
         self._lock = threading.Lock()  # one unit of work at a time
         self._pushes_lock = threading.Lock()
         self._pushed: dict[tuple[str, str, int], int] = {}  # this replica's push counts, the latest kept
@@ -124,6 +129,7 @@ class CassandraViews:
         ts = "USING TIMESTAMP ?"  # every write of a unit: its log position's stamp (stamps.py)
         self._w: dict[str, PreparedStatement] = {
             "track": p(f"INSERT INTO {ks}.tracking (projection, partition, position) VALUES (?, ?, ?) {ts}"),
+            "floor": p(UPDATE_FLOOR.format(ks=ks)),  # written with a user's state row (ADR-0045)
             "log_position": p(
                 f"INSERT INTO {ks}.log_positions (partition, position, next_offset) VALUES (?, ?, ?) {ts}"
             ),
@@ -229,6 +235,7 @@ class CassandraViews:
             "by_tenant": p(f"SELECT conversation_id, size_bucket FROM {ks}.heads_by_tenant WHERE tenant=?"),
             "conv_states": p(f"SELECT * FROM {ks}.conversation_states WHERE tenant=? AND conversation_id=?"),
             "last_active": p(f"SELECT last_active FROM {ks}.conversation_states WHERE tenant=? AND conversation_id=?"),
+            "floor": p(SELECT_FLOOR.format(ks=ks)),
             "broadcasts": p(f"SELECT conversation_seq FROM {ks}.broadcasts WHERE tenant=? AND conversation_id=?"),
             "state": p(f"SELECT * FROM {ks}.user_states WHERE tenant=? AND user_id=? AND conversation_id=?"),
             "user_states": p(f"SELECT * FROM {ks}.user_states WHERE tenant=? AND user_id=?"),
@@ -533,14 +540,18 @@ class CassandraViews:
     def states_copy_vouched(self) -> bool:
         """Whether the login reads the states' copy (ADR-0043, session_states.py `vouched`):
         once it is, for good; until then asked again at most every COPY_RECHECK seconds."""
-        if not self.read_states_copy:
-            return False
-        if not self._states_copy:
+        return self.read_states_copy and self._copy_vouched(STATES_COPY)
+
+    def _copy_vouched(self, copy: str) -> bool:
+        """Whether `copy` is vouched complete (session_states.py `vouched`): once it is, for
+        good; until then asked again at most every COPY_RECHECK seconds."""
+        if not self._vouched.get(copy, False):
             now = time.monotonic()
-            if self._states_copy_asked is None or now - self._states_copy_asked >= COPY_RECHECK:
-                self._states_copy_asked = now
-                self._states_copy = vouched(self.session, self.keyspace)
-        return self._states_copy
+            asked = self._vouched_asked.get(copy)
+            if asked is None or now - asked >= COPY_RECHECK:
+                self._vouched_asked[copy] = now
+                self._vouched[copy] = vouched(self.session, self.keyspace, copy)
+        return self._vouched.get(copy, False)
 
     def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[SessionItem], bool] | None:
         """The first list from the login index (ADR-0028): (the sessions of every
@@ -682,8 +693,17 @@ class CassandraViews:
 
     def mailbox_page(self, tenant: str, user_id: str, after: int, limit: int) -> list[MailboxEntry]:
         """Entries up to the delivery projection's views' position: partitions commit in
-        any order, and a cursor must never pass an entry another partition has yet to write."""
-        return self.mailbox.read(tenant, user_id, after, self.views_position("delivery"), limit)
+        any order, and a cursor must never pass an entry another partition has yet to write.
+        Read from the user's mailbox floor on where the floors are vouched (ADR-0045): every
+        entry is above it, and a user without one has none up to that position (the floor is
+        written with the state row of the join, by a unit tracked before the entries')."""
+        until = self.views_position("delivery")
+        if self._copy_vouched(FLOORS):
+            row = self.session.execute(self._r["floor"], (tenant, user_id), execution_profile=TUPLE_ROWS).one()
+            if row is None:
+                return []
+            after = max(after, row[0])
+        return self.mailbox.read(tenant, user_id, after, until, limit)
 
     # -- admin views -----------------------------------------------------------------------
 

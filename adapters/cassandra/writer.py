@@ -15,6 +15,7 @@ from typing import Any
 from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 from adapters.cassandra.batches import Encoded, Row
+from adapters.cassandra.mailbox_floors import floor_row, floor_statement
 from adapters.cassandra.session_heads import session_head_rows
 from adapters.cassandra.session_states import NO_SEQ, paired, session_cell
 from adapters.cassandra.stamps import stamp
@@ -148,6 +149,8 @@ class CassandraWriter:
     def __init__(self, targets: frozenset[str], partition: int) -> None:
         self.targets = targets
         self.partition = partition
+        self.above = 0  # the host sets it with `partition` (ViewWriter.above)
+        self.floors: dict[tuple[str, str], int] = {}  # (tenant, user) -> the lowest `above` of its puts (ADR-0045)
         self.mailbox: list[tuple[str, MessageRefs]] = []
         self.mailbox_entries = 0
         self.positions: dict[tuple[str, int], int] = {}
@@ -245,6 +248,7 @@ class CassandraWriter:
             self._from(tenant, conversation_id)
             for u, s in states:
                 self.states[(tenant, conversation_id, u)] = ("put", list(state_cells(s)))
+                self.floors[(tenant, u)] = min(self.above, self.floors.get((tenant, u), self.above))
 
     def put_gaps(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]) -> None:
         if "state" not in self.targets:
@@ -314,9 +318,13 @@ class CassandraWriter:
         self, ps: Mapping[str, PreparedStatement], ts_of: Callable[..., int]
     ) -> tuple[list[Row], dict[tuple[str, str], ConversationRows]]:
         """The member-keyed state rows (round A), each with its login copy's (ADR-0043:
-        one run, so one mutation), and each conversation's rows (round B)."""
+        one run, so one mutation) and, with the user's first put of the unit, the user's
+        mailbox floor (ADR-0045: the same partition key, the same mutation), and each
+        conversation's rows (round B)."""
         members: list[Row] = []
         copy = ps["session_state"]
+        floor_id = ps["floor"].query_id
+        floors = dict(self.floors)  # popped as written: one a user
         convs: dict[tuple[str, str], ConversationRows] = {}
 
         def conv(t: str, c: str) -> ConversationRows:
@@ -330,9 +338,11 @@ class CassandraWriter:
             if op == "put":
                 conv(tenant, cid).rows.append((ps["conv_state"], (tenant, cid, u, *value, ts), ROW_BYTES))
                 cell = session_cell(session_state([value[i] for i in _SESSION]))
-                members.append(
-                    paired((ps["user_state"], (tenant, u, cid, *value, ts)), copy, (tenant, u, cid, cell, ts))
-                )
+                run = paired((ps["user_state"], (tenant, u, cid, *value, ts)), copy, (tenant, u, cid, cell, ts))
+                above = floors.pop((tenant, u), None)
+                if above is not None:
+                    run = Encoded(run.body + floor_statement(floor_id, tenant, u, above), run.rows + 1, run.key)
+                members.append(run)
             elif op == "gap":
                 delivered, skipping, gap_end, cell = value
                 cells = (seq_cell(delivered), skipping, seq_cell(gap_end))
@@ -350,6 +360,8 @@ class CassandraWriter:
                 x.rows.append((ps["broadcast"], (tenant, cid, seq, ts), ROW_BYTES))
         for (t, c), (cells, size) in self.heads.items():
             conv(t, c).head = (ps["head"], (t, c, *cells, ts_of(t, c)), size)
+        # a user put then deleted in this unit (a join, a leave) has its stay's entries: alone
+        members.extend(floor_row(floor_id, t, u, above) for (t, u), above in floors.items())
         return members, convs
 
     def delivery_rows(

@@ -177,6 +177,7 @@ class SqliteWriter:
         self.positions: dict[tuple[str, int], int] = {}
         self.log_positions: dict[int, LogPosition] = {}
         self.partition = 0  # one log, one partition
+        self.above = 0  # unused here: a mailbox read is one index range (ADR-0045 is Cassandra's)
         self.checkpoint: Callable[[str], None] | None = None  # one transaction: never called
         self.head_keys: set[tuple[str, str]] = set()  # the heads put (heads_written)
 

@@ -6,6 +6,7 @@ pass the same suite. No mocks."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 
 from adapters.cassandra.connect import open_cluster
 from adapters.cassandra.mailbox import CassandraMailbox
+from adapters.cassandra.mailbox_floors import COPY as FLOORS
 from adapters.cassandra.schema import MAILBOX_TABLES, TABLES, create_schema
 from adapters.cassandra.session_states import NO_SEQ, vouch
 from adapters.cassandra.views import CassandraViews
@@ -160,6 +162,7 @@ class ViewStoreContract:
 
     def test_mailbox_entries_are_visible_only_up_to_the_committed_position(self, views: Any) -> None:
         with views.unit_of_work() as w:
+            w.put_states(T, "c", [("a", fresh())])  # its join: a member's entries follow one
             w.put_mailbox(T, refs("c", 5, 1, ["a"]))
             w.track("delivery", 5)
         views.mailbox.write(T, refs("c", 9, 2, ["a"]))  # written, its views not yet committed
@@ -235,7 +238,10 @@ class ViewStoreContract:
         assert activity == [(T, "a", "large", []), (T, "b", "small", [0.0, 4.0])]
         assert [c[:2] for c in views.conversation_activity(None)] == [(T, "a"), (T, "b"), ("zeta", "z")]
         assert list(views.conversation_activity(T, "large")) == [(T, "a", "large", [])]
-        assert [c[:3] for c in views.conversation_activity(None, "small")] == [(T, "b", "small"), ("zeta", "z", "small")]
+        assert [c[:3] for c in views.conversation_activity(None, "small")] == [
+            (T, "b", "small"),
+            ("zeta", "z", "small"),
+        ]
         assert list(views.conversation_activity("zeta", "medium")) == []
         assert views.head(T, "a")["tenant"] == T and views.head(T, "a")["size_bucket"] == "large"
 
@@ -342,6 +348,7 @@ class PartitionedLogContract:
         with views2.unit_of_work() as w:
             w.track("delivery", 5, partition=0)
         with views2.unit_of_work() as w:  # partition 1 commits ahead of partition 0
+            w.put_states(T, "c", [("a", fresh())])
             w.put_mailbox(T, refs("c", 10, 1, ["a"]))
             w.track("delivery", 10, partition=1)
         assert views2.position("delivery", 1) == 10 and views2.views_position("delivery") == 5
@@ -431,6 +438,8 @@ class CassandraKeyspace:
                 self.session.execute(f"TRUNCATE {self.keyspace}.{table}", timeout=120)
         if "copies_complete" in self.partition_keys:  # empty user_states: its copy is complete (ADR-0043)
             vouch(self.session, self.keyspace)
+            if "mailbox_floors" in self.partition_keys:  # and its floors (ADR-0045)
+                vouch(self.session, self.keyspace, FLOORS)
 
     def mailbox(self, *, clear: bool = False) -> CassandraMailbox:
         if clear:
@@ -481,6 +490,75 @@ class TestCassandraViews(ViewStoreContract, PartitionedLogContract):
 
     def make_partitioned(self, path: Path) -> ViewStore:
         return self.ks.views(partitions=2)
+
+    def test_a_users_mailbox_floor_is_the_lowest_above_of_the_units_that_put_its_states(self) -> None:
+        """ADR-0045: whatever order units commit in (a stale one late, a replay), the floor a
+        user keeps is the lowest `above` of any unit that put one of its state rows."""
+        views = self.ks.views()
+        try:
+            for above in (50, 20, 80):
+                with views.unit_of_work() as w:
+                    w.above = above
+                    w.put_states(T, f"c{above}", [("a", fresh())])
+            with views.unit_of_work() as w:  # one unit over two partitions: the lower above
+                w.partition, w.above = 0, 7
+                w.put_states(T, "x", [("b", fresh())])
+                w.partition, w.above = 1, 3
+                w.put_states(T, "y", [("b", fresh())])
+                w.put_gaps(T, "z", [("c", fresh())])  # a gap is no put: no floor
+            rows = self.ks.session.execute(f"SELECT user_id, above FROM {self.ks.keyspace}.mailbox_floors")
+            assert {r["user_id"]: r["above"] for r in rows} == {"a": 20, "b": 3}
+        finally:
+            views.close()
+
+    def test_a_new_users_first_page_starts_at_its_floor_not_at_the_tenants_first_hour(self) -> None:
+        """ADR-0045 (ADR-0038's cursor-0 cost): 40 hours of a tenant's history, one hour a
+        request; a user who joined in the last hour reads its first page in one or two
+        requests, not forty; where the floors are not vouched (a keyspace older than them) the
+        read walks every hour as before, with the same page."""
+        views = self.ks.views()
+        views.mailbox.read_window = 1
+        reads: list[int] = []
+
+        class Counting:
+            def __init__(self, inner: Any) -> None:
+                self.inner = inner
+
+            def execute(self, statement: Any, *args: Any, **kwargs: Any) -> Any:
+                if statement is views.mailbox._read:
+                    reads.append(1)
+                return self.inner.execute(statement, *args, **kwargs)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.inner, name)
+
+        def entry(pos: int, users: list[str]) -> MessageRefs:
+            return dataclasses.replace(refs("c", pos, pos, users), at=(pos - 1) * 3600.0)  # an hour each
+
+        try:
+            with views.unit_of_work() as w:
+                w.put_states(T, "c", [("old", fresh())])
+                for pos in range(1, 41):
+                    w.put_mailbox(T, entry(pos, ["old"]))
+                w.track("delivery", 40)
+            with views.unit_of_work() as w:  # the host's unit after position 40
+                w.above = 40
+                w.put_states(T, "c", [("new", fresh())])
+                w.put_mailbox(T, entry(41, ["old", "new"]))
+                w.track("delivery", 41)
+            views.mailbox.session = Counting(views.mailbox.session)
+            assert [e[1] for e in views.mailbox_page(T, "new", 0, 10)] == [41]
+            assert 1 <= len(reads) <= 2
+            del reads[:]
+            assert views.mailbox_page(T, "nobody", 0, 10) == [] and reads == []  # no floor, no entry
+            assert [e[1] for e in views.mailbox_page(T, "old", 0, 50)] == list(range(1, 42))
+            self.ks.session.execute(f"DELETE FROM {self.ks.keyspace}.copies_complete WHERE copy=%s", (FLOORS,))
+            unvouched = CassandraViews(self.ks.session, self.ks.keyspace, views.mailbox)
+            del reads[:]
+            assert [e[1] for e in unvouched.mailbox_page(T, "new", 0, 10)] == [41]
+            assert len(reads) >= 40
+        finally:
+            views.close()
 
     def test_a_stale_unit_never_overwrites_a_newer_one(self) -> None:
         """ADR-0021: rows are stamped with the unit's log position; a unit that commits late
@@ -547,6 +625,7 @@ class TestCassandraViews(ViewStoreContract, PartitionedLogContract):
         try:
             with stores[0].unit_of_work() as w:
                 w.put_head(T, "c", head("c", 1))
+                w.put_states(T, "c", [("a", fresh())])
                 w.put_mailbox(T, refs("c", 4, 1, ["a"]))
                 for p in range(3):
                     w.track("delivery", 4, partition=p)

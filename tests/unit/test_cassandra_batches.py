@@ -157,7 +157,8 @@ def test_the_mailbox_rows_are_each_members_insert_once_routed_by_its_partition(
     BATCH_ROWS statements and is routed by its first statement's partition; a part of
     several partitions is a small message's (no part splits a partition's run of under
     BATCH_ROWS rows)."""
-    from adapters.cassandra.mailbox import BATCH_ROWS, CACHED_LIST, hour_of, routing_key, unref
+    from adapters.cassandra.batches import routing_key
+    from adapters.cassandra.mailbox import BATCH_ROWS, CACHED_LIST, hour_of, unref
     from adapters.cassandra.stamps import stamp
     from projections.ports import MessageRefs
     from projections.sharding import shard_of
