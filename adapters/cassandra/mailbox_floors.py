@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import struct
 
-from adapters.cassandra.batches import Encoded, cell, prefix, routing_key
+from adapters.cassandra.batches import Encoded, routing_key, statement
 
 COPY = "mailbox_floors"  # its name in the markers' table (copies_complete)
 TOP = 1 << 62  # floor_stamp(above) = TOP - above: above any stamp (stamps.py: BASE 2**52 + 4 a position)
@@ -46,16 +46,10 @@ def floor_stamp(above: int) -> int:
 
 
 def floor_statement(query_id: bytes, tenant: str, user_id: str, above: int) -> bytes:
-    """The UPDATE of one floor as a batch carries it (batches.statement, values serialized
-    here): stamp, above, tenant, user."""
-    return b"".join(
-        (
-            prefix(query_id, 4),
-            cell(_BIGINT.pack(floor_stamp(above))),
-            cell(_BIGINT.pack(above)),
-            cell(tenant.encode()),
-            cell(user_id.encode()),
-        )
+    """The UPDATE of one floor as a batch carries it (values serialized here): stamp, above,
+    tenant, user."""
+    return statement(
+        query_id, (_BIGINT.pack(floor_stamp(above)), _BIGINT.pack(above), tenant.encode(), user_id.encode())
     )
 
 
