@@ -228,8 +228,9 @@ class ProjectionHost:
         if partition in self._tracked:
             stored = self.views.log_position(partition)
             committed = self._committed.get(partition)
-            if stored is not None and committed is not None and stored.position != committed:
-                if stored.position > committed:
+            # no row at all where this host committed one: the views lost the partition's every unit
+            if committed is not None and (stored is None or stored.position != committed):
+                if stored is not None and stored.position > committed:
                     self.stats.fenced += 1
                     self.forget([partition])  # reload what the other writer left
                     raise Fenced(

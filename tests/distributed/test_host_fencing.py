@@ -77,6 +77,23 @@ def test_views_that_lost_the_last_units_are_healed_from_the_log(popo_log: LogBui
     assert {(p, start) for p, start, _ in h.log_reader.reads} == {(p, 2 * halves[p] - 1) for p in log}
 
 
+def test_views_that_lost_every_unit_of_a_partition_are_healed_from_its_start(popo_log: LogBuilder) -> None:  # noqa: F811
+    """The crash took everything the host had committed (no unit synced to disk since the
+    partition's first): the views hold no log position at all for it, which is as far below
+    what the host committed as views can be; the whole partition is read again."""
+    log = with_offsets(partitioned(popo_log.notes()))
+    views = MemoryViews()
+    h = host(popo_log, views, log)
+    for p, rs in log.items():
+        h.apply(p, rs[:5])
+    h.views = MemoryViews()  # the views came back empty
+    for p, rs in log.items():
+        h.apply(p, rs[5:])
+    assert snapshot(h.views) == snapshot(popo_log.views)
+    assert h.stats.heals == len(log)
+    assert {(p, start) for p, start, _ in h.log_reader.reads} == {(p, 0) for p in log}
+
+
 def test_a_partition_resumed_past_the_views_is_filled_from_the_log_first(popo_log: LogBuilder) -> None:  # noqa: F811
     log = with_offsets(partitioned(popo_log.notes()))
     views = MemoryViews()
