@@ -207,18 +207,27 @@ class ProjectionHost:
         when a unit fails (the working sets of its partitions are dropped; retry the same
         records)."""
         pending: dict[int, Sequence[Record]] = {}
-        for partition in sorted(by_partition):
-            self.stats.records += len(by_partition[partition])
-            pending[partition] = self._resume(partition, by_partition[partition])
-        done = 0
-        while pending:
-            for partition, n in self._unit(pending).items():
-                done += n
-                rest = pending[partition][n:]
-                if rest:
-                    pending[partition] = rest
-                else:
-                    del pending[partition]
+        finished: set[int] = set()
+        try:
+            for partition in sorted(by_partition):
+                self.stats.records += len(by_partition[partition])
+                pending[partition] = self._resume(partition, by_partition[partition])
+            done = 0
+            while pending:
+                for partition, n in self._unit(pending).items():
+                    done += n
+                    rest = pending[partition][n:]
+                    if rest:
+                        pending[partition] = rest
+                    else:
+                        del pending[partition]
+                        finished.add(partition)
+        except BaseException:
+            # The records _resume read again live in `pending` only: every partition whose
+            # records did not all commit is reloaded on the retry, which finds the same hole
+            # (a Cassandra restart's first requests meet dead connections, mid-take).
+            self.forget([p for p in by_partition if p not in finished], failed=True)
+            raise
         return done
 
     def _resume(self, partition: int, records: Sequence[Record]) -> Sequence[Record]:
@@ -245,8 +254,10 @@ class ProjectionHost:
     def _load(self, partition: int, records: Sequence[Record], stored: LogPosition | None) -> Sequence[Record]:
         tracked = self.tracked(partition)
         self._committed[partition] = stored.position if stored is not None else None
-        floor = self._floor.pop(partition, None)
+        floor = self._floor.get(partition)  # kept until a commit of the partition reaches it
         lost = floor is not None and (stored is None or stored.position < floor)
+        if not lost:
+            self._floor.pop(partition, None)
         if lost:
             self.stats.heals += 1
             log.warning(
@@ -350,7 +361,9 @@ class ProjectionHost:
         s = self.stats
         for partition, fold in folds.items():
             self.tracked(partition).update(fold.last)
-            self._committed[partition] = max(fold.last.values())
+            committed = self._committed[partition] = max(fold.last.values())
+            if committed >= self._floor.get(partition, committed):
+                self._floor.pop(partition, None)  # healed: the views hold what this host had committed
             counts[partition] = fold.count
             s.applied += fold.applied
             s.skipped += fold.skipped
