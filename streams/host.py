@@ -12,8 +12,8 @@ in the order of ADR-0012/ADR-0025.
   event record at or below it is skipped (redelivery, a rebalance, a restarted process); a
   watermark R tracks max(current, R) for its partition; projections also skip by their own
   applied positions (ADR-0012).
-* **A failed unit** drops its partitions' working sets (reloaded from the views) and raises;
-  the caller retries the same records.
+* **A failed unit** (or take) drops the working sets of its partitions whose records did not
+  all commit (reloaded from the views) and raises; the caller retries the same records.
 * **Fencing and healing (ADR-0021).** Before a unit and during a long commit the host checks
   that the views still stand where its last commit left them: past it, another writer took
   the partition (`Fenced`); below it, the views lost acknowledged writes and the log is read
