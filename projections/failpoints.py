@@ -8,6 +8,8 @@ start a process with FANOUT_FAILPOINTS naming the points and what happens there:
 
 * `stop`: the process stops itself with SIGSTOP at that very step (the test sends SIGCONT
   later), once.
+* `fail`: the step raises `InjectedFailure` (a ConnectionError, as a request on a connection
+  an engine's restart killed raises), once.
 * `@label`: only where the caller's labels include it (the host labels a unit with the
   kinds of the events it applies: MessageSent, MembersJoined, ...); without it, any hit.
 * `#n`: at the n-th such hit (default the first).
@@ -25,6 +27,11 @@ from collections.abc import Iterable
 log = logging.getLogger("fanout.failpoints")
 ENV = "FANOUT_FAILPOINTS"
 
+
+class InjectedFailure(ConnectionError):
+    """Raised by a `fail` failpoint."""
+
+
 _points: dict[str, tuple[str, str | None, int]] | None = None
 _hits: dict[str, int] = {}
 
@@ -35,8 +42,8 @@ def _parse(spec: str) -> dict[str, tuple[str, str | None, int]]:
         name, _, action = item.partition("=")
         action, _, nth = action.partition("#")
         action, _, label = action.partition("@")
-        if action not in ("stop",):
-            raise ValueError(f"{ENV}: unknown action {action!r} in {item!r} (known: stop)")
+        if action not in ("stop", "fail"):
+            raise ValueError(f"{ENV}: unknown action {action!r} in {item!r} (known: stop, fail)")
         out[name.strip()] = (action, label or None, int(nth or 1))
     return out
 
@@ -55,6 +62,8 @@ def hit(name: str, labels: Iterable[str] = ()) -> None:
     if _hits[name] != nth:
         return
     log.warning("failpoint %s: %s (pid %d)", name, action, os.getpid())
+    if action == "fail":
+        raise InjectedFailure(f"failpoint {name}: an injected failure")
     if action == "stop":
         # Directed at this thread, not the process: a process-directed SIGSTOP is taken by
         # the main thread, and this one ran on (a Cassandra round, a whole commit) until the

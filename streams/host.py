@@ -211,7 +211,9 @@ class ProjectionHost:
         try:
             for partition in sorted(by_partition):
                 self.stats.records += len(by_partition[partition])
+                heals = self.stats.heals
                 pending[partition] = self._resume(partition, by_partition[partition])
+                failpoints.hit("take.resumed", ("healed",) if self.stats.heals > heals else ())
             done = 0
             while pending:
                 for partition, n in self._unit(pending).items():

@@ -42,6 +42,7 @@ RATE = 8.0  # sends per second
 MAX_SENDS = 900  # one mailbox page (1,000) holds them all
 ENGINES_DIR = Path(os.environ.get("FANOUT_ENGINES_DIR", "/tmp/fanout-engines"))
 SCRIPTS = ROOT / "infra" / "engines"
+CUT_SHORT = "take.resumed=fail@healed"
 SETTINGS = {
     "FANOUT_PER_SENDER_IN_CONVERSATION_RATE": "1000/s",
     "FANOUT_PER_CONVERSATION_MSG_RATE": "1000/1000/1000",
@@ -136,7 +137,9 @@ def cluster(fresh_postgres: str, fresh_kafka: str, fresh_cassandra: str, tmp_pat
     try:
         rt = c.replica()
         c.start("relay")
-        c.start("worker")
+        # every first heal is cut short by a failure right after it (what a request on a
+        # connection the restart killed does): the retry must heal again (ADR-0021 3a)
+        c.start("worker", env={"FANOUT_FAILPOINTS": CUT_SHORT})
         rt.app.create_conversation(T, CID, "crash", MEMBERS)
         c.wait_workers(1)
         c.settle(rt, timeout=120)
@@ -202,7 +205,9 @@ def test_views_that_lost_acknowledged_writes_are_healed_from_the_log(cluster: Cl
     worker projects twenty more messages, then the node is killed and comes back with the copy
     (what a crash losing the last seconds of acknowledged writes leaves, e.g. on a machine
     crash with a periodic commit log). The worker finds the views behind what it committed and
-    reads the log again from their positions; nothing is lost."""
+    reads the log again from their positions; nothing is lost. The worker's first heal is
+    cut short by a failure injected right after it (`take.resumed=fail@healed`, what a
+    request on a connection the restart killed does): the retry heals again (ADR-0021 3a)."""
     import shutil
 
     data = ENGINES_DIR / "cassandra" / "data"
@@ -240,3 +245,5 @@ def test_views_that_lost_acknowledged_writes_are_healed_from_the_log(cluster: Cl
     log = (c.logs / "worker.log").read_text(errors="replace")
     assert "they lost acknowledged writes" in log, log[-3000:]
     assert "records again" in log and "Traceback" not in log, log[-3000:]
+    # the first heal was cut short by the failpoint, and the retry healed again
+    assert "failpoint take.resumed: fail" in log and log.count("they lost acknowledged writes") >= 2, log[-3000:]

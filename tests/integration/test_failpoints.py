@@ -16,10 +16,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 CHILD = r"""
 import sys, threading, time
 from pathlib import Path
+from typing import Any
 from projections import failpoints
 
 marker = Path(sys.argv[1])
@@ -63,3 +65,22 @@ def test_a_stop_failpoint_stops_the_process_before_the_thread_that_hit_it_goes_o
             if child.poll() is None:
                 child.kill()
                 child.wait()
+
+
+def test_a_fail_failpoint_raises_once_at_its_nth_labelled_hit(monkeypatch: Any) -> None:
+    import pytest
+
+    from projections import failpoints
+
+    monkeypatch.setattr(failpoints, "_points", None)
+    monkeypatch.setattr(failpoints, "_hits", {})
+    monkeypatch.setenv(failpoints.ENV, "take.resumed=fail@healed#2")
+    failpoints.hit("take.resumed", ())  # not labelled: not counted
+    failpoints.hit("take.resumed", ("healed",))  # the first labelled hit
+    with pytest.raises(ConnectionError, match="failpoint take.resumed: an injected failure"):
+        failpoints.hit("take.resumed", ("healed",))
+    failpoints.hit("take.resumed", ("healed",))  # once
+    monkeypatch.setattr(failpoints, "_points", None)
+    monkeypatch.setenv(failpoints.ENV, "take.resumed=crash")
+    with pytest.raises(ValueError, match="known: stop, fail"):
+        failpoints.hit("take.resumed")
