@@ -213,7 +213,8 @@ class ProjectionHost:
                 self.stats.records += len(by_partition[partition])
                 heals = self.stats.heals
                 pending[partition] = self._resume(partition, by_partition[partition])
-                failpoints.hit("take.resumed", ("healed",) if self.stats.heals > heals else ())
+                healed = self.stats.heals > heals
+                failpoints.hit("take.resumed", ("healed", f"healed-p{partition}") if healed else ())
             done = 0
             while pending:
                 for partition, n in self._unit(pending).items():
