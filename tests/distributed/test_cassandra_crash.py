@@ -140,8 +140,8 @@ def cluster(fresh_postgres: str, fresh_kafka: str, fresh_cassandra: str, tmp_pat
     try:
         rt = c.replica()
         c.start("relay")
-        # every first heal is cut short by a failure right after it (what a request on a
-        # connection the restart killed does): the retry must heal again (ADR-0021 3a)
+        # the first heal of the conversation's partition is cut short by a failure right after
+        # it (what a request on a connection the restart killed does): the retry must heal again
         c.start("worker", env={"FANOUT_FAILPOINTS": CUT_SHORT})
         rt.app.create_conversation(T, CID, "crash", MEMBERS)
         c.wait_workers(1)
