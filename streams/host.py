@@ -261,7 +261,7 @@ class ProjectionHost:
         lost = floor is not None and (stored is None or stored.position < floor)
         if not lost:
             self._floor.pop(partition, None)
-        if lost:
+        else:
             self.stats.heals += 1
             log.warning(
                 "partition %d: the views stand at position %s, below the %d this worker had committed: "
