@@ -21,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+FRESH_PARTITIONS = 4  # the partitions of a fresh_kafka topic
 sys.path.insert(0, str(ROOT / "infra" / "testcontainers"))
 import engines as infra_engines  # noqa: E402  (infra/testcontainers/engines.py)
 
@@ -95,7 +96,7 @@ def fresh_postgres(engines: dict[str, str]) -> Iterator[str]:
 @pytest.fixture
 def fresh_kafka(engines: dict[str, str]) -> str:
     """A kafka:// URL naming a topic no other test uses (created by whoever needs it)."""
-    return with_query(engines["FANOUT_LOG"], topic=unique("t"), partitions=4)
+    return with_query(engines["FANOUT_LOG"], topic=unique("t"), partitions=FRESH_PARTITIONS)
 
 
 @pytest.fixture

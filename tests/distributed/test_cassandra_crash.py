@@ -31,6 +31,7 @@ from domain.errors import FanoutError
 from fanout.config import load_settings
 from streams.routing import conversation_partition
 from tests.distributed.cluster import ROOT, Cluster, cluster_for
+from tests.engines import FRESH_PARTITIONS
 from tools.rebuild import verify as verify_views
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine_restart]
@@ -43,9 +44,8 @@ RATE = 8.0  # sends per second
 MAX_SENDS = 900  # one mailbox page (1,000) holds them all
 ENGINES_DIR = Path(os.environ.get("FANOUT_ENGINES_DIR", "/tmp/fanout-engines"))
 SCRIPTS = ROOT / "infra" / "engines"
-PARTITIONS = 4  # the fresh_kafka topic's (tests/engines.py)
 # the first heal of the conversation's partition is cut short right after it
-CUT_SHORT = f"take.resumed=fail@healed-p{conversation_partition(T, CID, PARTITIONS)}"
+CUT_SHORT = f"take.resumed=fail@healed-p{conversation_partition(T, CID, FRESH_PARTITIONS)}"
 SETTINGS = {
     "FANOUT_PER_SENDER_IN_CONVERSATION_RATE": "1000/s",
     "FANOUT_PER_CONVERSATION_MSG_RATE": "1000/1000/1000",
@@ -208,9 +208,10 @@ def test_views_that_lost_acknowledged_writes_are_healed_from_the_log(cluster: Cl
     worker projects twenty more messages, then the node is killed and comes back with the copy
     (what a crash losing the last seconds of acknowledged writes leaves, e.g. on a machine
     crash with a periodic commit log). The worker finds the views behind what it committed and
-    reads the log again from their positions; nothing is lost. The worker's first heal is
-    cut short by a failure injected right after it (`take.resumed=fail@healed-p<N>` on the conversation's partition, what a
-    request on a connection the restart killed does): the retry heals again (ADR-0021 3a)."""
+    reads the log again from their positions; nothing is lost. The first heal of the
+    conversation's partition N is cut short by a failure injected right after it
+    (`take.resumed=fail@healed-p<N>`, what a request on a connection the restart killed does):
+    the retry heals again (ADR-0021 3a)."""
     import shutil
 
     data = ENGINES_DIR / "cassandra" / "data"
