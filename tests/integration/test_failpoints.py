@@ -16,12 +16,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+
+import pytest
 
 CHILD = r"""
 import sys, threading, time
 from pathlib import Path
-from typing import Any
 from projections import failpoints
 
 marker = Path(sys.argv[1])
@@ -67,9 +67,7 @@ def test_a_stop_failpoint_stops_the_process_before_the_thread_that_hit_it_goes_o
                 child.wait()
 
 
-def test_a_fail_failpoint_raises_once_at_its_nth_labelled_hit(monkeypatch: Any) -> None:
-    import pytest
-
+def test_a_fail_failpoint_raises_once_at_its_nth_labelled_hit(monkeypatch: pytest.MonkeyPatch) -> None:
     from projections import failpoints
 
     monkeypatch.setattr(failpoints, "_points", None)
