@@ -34,6 +34,7 @@ from itertools import accumulate
 from typing import Any, NamedTuple
 
 from cassandra.cluster import Session
+from cassandra.murmur3 import murmur3
 from cassandra.query import BatchStatement, PreparedStatement
 
 from adapters.cassandra.batches import (
@@ -57,6 +58,7 @@ PARTITION_SHARDS = 1024  # partitions of a tenant's hour (ADR-0038; measured aga
 HOUR = 3600.0  # seconds of a partition's hour
 MARGIN = 2  # hours a cursor read reads past what it returns (clock skew between replicas)
 READ_WINDOW = 32  # hours a cursor read reads in one request (`hour IN`)
+HOURS_BUILT = 64  # (tenant, hour)s whose partitions' heads, keys and tokens are kept
 CACHED_LIST = 1000  # members of a MailboxShard list from which its partition grouping is cached
 INSERT_ENTRY = (
     "INSERT INTO {ks}.mailbox (tenant, shard, hour, user_id, pos, ref) "
@@ -86,6 +88,10 @@ def unref(value: bytes) -> tuple[int, str, int]:
 def hour_of(at: float) -> int:
     """The hour (since the epoch) of a message accepted at `at` (seconds)."""
     return int(at // HOUR)
+
+
+def _first(piece: tuple[int, bytes, bytes, int]) -> int:
+    return piece[0]
 
 
 def partition_shard(user: bytes) -> int:
@@ -133,6 +139,7 @@ class CassandraMailbox:
         self.read_window = READ_WINDOW  # hours a cursor read reads in one request (tests make it 1 or 2)
         # (tenant, conversation, MailboxShard) -> (list version, members, its partitions)
         self._partition_lists: dict[tuple[str, str, int], tuple[int, int, list[tuple[int, list[bytes]]]]] = {}
+        self._hours_built: dict[tuple[bytes, str, int], tuple[list[bytes], list[bytes], list[int]]] = {}
 
     @classmethod
     def connect(
@@ -163,35 +170,63 @@ class CassandraMailbox:
 
     # -- writing -------------------------------------------------------------------
 
-    def rows(self, tenant: str, refs: MessageRefs, statements: Statements | None = None) -> Iterator[Encoded]:
-        """The insert of each entry, serialized here (adapters/cassandra/batches.py,
-        ADR-0039): the statements of one message and partition differ only in the member, so a
-        partition's are one `joined` around its members' cells (0.1 us a row of client CPU
-        for a large message against 7-8 us with the driver serializing each row). Parts of at
-        most BATCH_ROWS statements: a large message's partition is a part (a batch, one
-        mutation) of its own; a small message's partitions share a part. The views' unit of
-        work packs them into its first round with the other member-keyed rows, with
+    def rows(
+        self, messages: Iterable[tuple[str, MessageRefs]], statements: Statements | None = None
+    ) -> list[Encoded]:
+        """The insert of each entry of `messages` (a unit of work's: (tenant, refs) each),
+        serialized here (adapters/cassandra/batches.py, ADR-0039), grouped by partition ACROSS
+        the messages and in token order (ADR-0046): inside Cassandra each partition a batch
+        touches is one mutation, so a unit of many small messages, whose members fall in many
+        partitions, costs about one mutation per partition it touches, not one per entry; and
+        neighbouring partitions in token order share a replica (one coordinator hop on a
+        cluster). The statements of one message and partition differ only in the member, so a
+        partition's are one `joined` around its members' cells (0.1 us a row of client CPU for
+        a large message against 7-8 us with the driver serializing each row). Parts of at most
+        BATCH_ROWS statements; a partition's piece (at most BATCH_ROWS) is never split, and the
+        pieces of one partition are consecutive: a large message's partition is a part (a
+        batch, one mutation) of its own, small messages' partitions share parts. The views'
+        unit of work packs them into its first round with the other member-keyed rows, with
         `statements` prepared on its session; `hour_rows` gives the hours' rows of the same
         messages."""
         query_id = (statements or self.statements).insert.query_id
-        t, hour = tenant.encode(), _BIGINT.pack(hour_of(refs.at))
-        # a statement: lead, partition shard, hour, member, then the position, the ref, the stamp
-        lead, hour_cell = prefix(query_id, 7) + cell(t), cell(hour)
+        pieces: list[tuple[int, bytes, bytes, int]] = []  # (token, routing key, statements, how many)
+        for tenant, refs in messages:
+            self._pieces(tenant, refs, query_id, pieces)
+        pieces.sort(key=_first)  # stable: one partition's pieces stay in log order
+        out: list[Encoded] = []
+        chunk: list[bytes] = []  # statements of consecutive partitions, at most BATCH_ROWS
+        count, chunk_key = 0, b""
+        for _, key, body, n in pieces:
+            if count and count + n > BATCH_ROWS:  # a partition's piece is not split
+                out.append(Encoded(b"".join(chunk), count, chunk_key))
+                chunk, count = [], 0
+            if not count:
+                chunk_key = key
+            chunk.append(body)
+            count += n
+        if count:
+            out.append(Encoded(b"".join(chunk), count, chunk_key))
+        return out
+
+    def _pieces(
+        self, tenant: str, refs: MessageRefs, query_id: bytes, out: list[tuple[int, bytes, bytes, int]]
+    ) -> None:
+        """One message's inserts, appended to `out` as (token, routing key, statements, how
+        many) per partition: its special members' first, then runs of at most BATCH_ROWS."""
+        heads, keys, tokens = self._hour_partitions(query_id, tenant, hour_of(refs.at))
+        # a statement: its partition's head (lead, tenant, shard, hour), the member, then the
+        # position, the ref, the stamp
         pos_cell, end = cell(_BIGINT.pack(refs.pos)), cell(_BIGINT.pack(stamp(refs.pos)))
         seq, cid = _BIGINT.pack(refs.seq), refs.conversation_id.encode()
         tail = pos_cell + cell(ref(seq, refs.flags, cid)) + end
-        key_tenant, key_hour = key_component(t), key_component(hour)
         special: dict[int, list[tuple[bytes, int]]] = {}  # partition shard -> its special members' cells, flags
         for u, f in refs.special.items():
             user = u.encode()
             special.setdefault(partition_shard(user), []).append((cell(user), f))
-        chunk: list[bytes] = []  # statements of consecutive partitions, at most BATCH_ROWS
-        count, chunk_key = 0, b""
+        add = out.append
         for shard in sorted(refs.shards):
             for p, cells in self._partitions(tenant, refs, shard):
-                head = lead + _SHARD_CELLS[p] + hour_cell
-                key = key_tenant + _SHARD_KEYS[p] + key_hour
-                pieces: list[tuple[bytes, int]] = []  # (statements, how many): specials, then runs
+                head = heads[p]
                 own = special.get(p)
                 if own:
                     present = sorted((c, f) for c, f in own if c in cells)  # members only
@@ -199,20 +234,29 @@ class CassandraMailbox:
                         skip = {c for c, _ in present}
                         cells = [c for c in cells if c not in skip]
                         body = b"".join(head + c + pos_cell + cell(ref(seq, f, cid)) + end for c, f in present)
-                        pieces.append((body, len(present)))
+                        add((tokens[p], keys[p], body, len(present)))
+                if len(cells) == 1:
+                    add((tokens[p], keys[p], head + cells[0] + tail, 1))
+                    continue
                 for i in range(0, len(cells), BATCH_ROWS):
                     run = cells[i : i + BATCH_ROWS] if len(cells) > BATCH_ROWS else cells
-                    pieces.append((joined(head, tail, run), len(run)))
-                for body, n in pieces:
-                    if count and count + n > BATCH_ROWS:  # a partition's piece is not split
-                        yield Encoded(b"".join(chunk), count, chunk_key)
-                        chunk, count = [], 0
-                    if not count:
-                        chunk_key = key
-                    chunk.append(body)
-                    count += n
-        if count:
-            yield Encoded(b"".join(chunk), count, chunk_key)
+                    add((tokens[p], keys[p], joined(head, tail, run), len(run)))
+
+    def _hour_partitions(self, query_id: bytes, tenant: str, hour: int) -> tuple[list[bytes], list[bytes], list[int]]:
+        """The partitions of a tenant's hour: each one's statement head (the insert's lead and
+        its key cells), routing key and token, built once and kept for the hours last used."""
+        key = (query_id, tenant, hour)
+        got = self._hours_built.get(key)
+        if got is None:
+            t, h = tenant.encode(), _BIGINT.pack(hour)
+            lead, hour_cell = prefix(query_id, 7) + cell(t), cell(h)
+            key_tenant, key_hour = key_component(t), key_component(h)
+            keys = [key_tenant + k + key_hour for k in _SHARD_KEYS]
+            got = ([lead + c + hour_cell for c in _SHARD_CELLS], keys, [murmur3(k) for k in keys])
+            if len(self._hours_built) >= HOURS_BUILT:
+                self._hours_built.pop(next(iter(self._hours_built)))  # the oldest built
+            self._hours_built[key] = got
+        return got
 
     def _partitions(self, tenant: str, refs: MessageRefs, shard: int) -> list[tuple[int, list[bytes]]]:
         """One MailboxShard list's members grouped by partition shard, each member's user_id as a
@@ -264,7 +308,7 @@ class CassandraMailbox:
 
     def batches(self, tenant: str, refs: MessageRefs) -> Iterator[BatchStatement]:
         """UNLOGGED batches of BATCH_ROWS rows (grouped by partition), then the hour's row."""
-        rows = [*self.rows(tenant, refs), *self.hour_rows([(tenant, refs)])]
+        rows = [*self.rows([(tenant, refs)]), *self.hour_rows([(tenant, refs)])]
         for batch, _ in grouped(rows, BATCH_ROWS, self.keyspace):
             yield batch
 

@@ -324,10 +324,15 @@ class CassandraViews:
         w.step("mailbox")
         members, conversations = w.rows(self._w, ts_of)
         rows_a: list[Row] = []
-        for tenant, refs in w.mailbox:
-            rows_a.extend(self._mailbox_rows(tenant, refs))
         if self._cassandra_mailbox is not None and w.mailbox:
+            # this keyspace's table: its rows ride round A, grouped by partition across the unit
+            rows_a.extend(self._cassandra_mailbox.rows(w.mailbox, self._mailbox_statements))
             rows_a.extend(self._cassandra_mailbox.hour_rows(w.mailbox, self._mailbox_statements))
+        else:
+            for tenant, refs in w.mailbox:  # another store: written (and flushed) before round A
+                self.mailbox.write(tenant, refs)
+            if w.mailbox:
+                self.mailbox.flush()
         rows_a.extend(members)
         unindex: list[Row] = []  # the login index: member-keyed, round A; the rows moved from, after it
         for (t, u, c), (bucket, drops) in w.activity.items():
@@ -377,14 +382,6 @@ class CassandraViews:
             ],
             self.in_flight,
         )
-
-    def _mailbox_rows(self, tenant: str, refs: MessageRefs) -> Iterable[Row]:
-        if self._mailbox_statements is not None and self._cassandra_mailbox is not None:
-            # this keyspace's table: its rows ride round A
-            return self._cassandra_mailbox.rows(tenant, refs, self._mailbox_statements)
-        self.mailbox.write(tenant, refs)  # another store: written (and flushed) before round A
-        self.mailbox.flush()
-        return ()
 
     def _stamp(self) -> int:
         """Increasing write stamps in microseconds: reviews list in the order written."""

@@ -134,6 +134,7 @@ def _mailbox():  # type: ignore[no-untyped-def]
     store = CassandraMailbox.__new__(CassandraMailbox)  # no session: rows() only serializes
     store.statements = _Statements()
     store._partition_lists = {}
+    store._hours_built = {}
     return store
 
 
@@ -175,7 +176,7 @@ def test_the_mailbox_rows_are_each_members_insert_once_routed_by_its_partition(
 
         mailbox.CACHED_LIST, before = 1, CACHED_LIST  # every list cached: the cached path
     try:
-        parts = list(store.rows("tenant-é", refs)) + (list(store.rows("tenant-é", refs)) if cached else [])
+        parts = store.rows([("tenant-é", refs)]) + (store.rows([("tenant-é", refs)]) if cached else [])
     finally:
         if cached:
             mailbox.CACHED_LIST = before
@@ -197,6 +198,60 @@ def test_the_mailbox_rows_are_each_members_insert_once_routed_by_its_partition(
             seen.setdefault(user, []).append(f)
     expected = {u.encode(): [special.get(u, flags)] * (2 if cached else 1) for u in users}
     assert seen == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["acme", "beta"]),
+            st.lists(st.text(min_size=1, max_size=6), min_size=1, max_size=250, unique=True),
+            st.integers(min_value=0, max_value=2),  # the hour
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_a_units_mailbox_rows_are_grouped_by_partition_across_its_messages(
+    messages: list[tuple[str, list[str], int]],
+) -> None:
+    """ADR-0046: the rows of a unit's messages (tenants, hours, members overlapping) come out
+    with each member's insert once per message, each part at most BATCH_ROWS statements routed
+    by its first statement's partition, the parts in token order, and each partition's
+    statements consecutive (one batch, one mutation, unless a part boundary falls inside)."""
+    from cassandra.murmur3 import murmur3
+
+    from adapters.cassandra.batches import routing_key
+    from adapters.cassandra.mailbox import BATCH_ROWS, HOUR
+    from projections.ports import MessageRefs
+    from projections.sharding import shard_of
+
+    store = _mailbox()
+    unit = []
+    for i, (tenant, users, hour) in enumerate(messages):
+        by: dict[int, list[str]] = {}
+        for u in sorted(users):
+            by.setdefault(shard_of(u, 4), []).append(u)
+        unit.append((tenant, MessageRefs(f"c{i}", 100 + i, 1, 0, {}, by, None, at=hour * HOUR + 1.0)))
+    parts = store.rows(unit)
+    seen: dict[tuple[bytes, bytes, bytes], list[int]] = {}
+    order: list[bytes] = []  # each statement's routing key, in the order sent
+    for part in parts:
+        statements = parse(part.body)
+        assert len(statements) == part.rows <= BATCH_ROWS
+        assert part.key == routing_key(tuple(statements[0][1][:3]))
+        for _, (t, shard, h, user, p, _, _) in statements:
+            order.append(routing_key((t, shard, h)))
+            seen.setdefault((t, h, user), []).append(struct.unpack(">q", p)[0])
+    tokens = [murmur3(k) for k in order]
+    assert tokens == sorted(tokens)
+    runs = [k for i, k in enumerate(order) if i == 0 or order[i - 1] != k]
+    assert len(runs) == len(set(runs)), "a partition's statements are not consecutive"
+    expected: dict[tuple[bytes, bytes, bytes], list[int]] = {}
+    for i, (tenant, users, hour) in enumerate(messages):
+        for u in users:
+            expected.setdefault((tenant.encode(), struct.pack(">q", hour), u.encode()), []).append(100 + i)
+    assert {k: sorted(v) for k, v in seen.items()} == expected
 
 
 @settings(max_examples=300, deadline=None)
