@@ -15,6 +15,12 @@ projection sustains, the lag of the second half of the run is no higher than the
 --restart-worker: after the run, worker-1 is stopped and started again in its consumer group, and
 one more send is timed through it; prints what the new worker was handed again (ADR-0044).
 
+--users N: the members are drawn from N users (group g's i-th member is user (g * members + i)
+% N: with N = groups * members, every group has members of its own, each user in one
+conversation); by default every group has the same members u0..u<members-1> (each user in every
+conversation), the shape of the sections before PERFORMANCE.md section 29: it puts a message's
+mailbox entries in the same few Cassandra partitions as every other message's.
+
 --group N: each replica sends N at a time through `FanoutApplication.grouped`, one event-store
 transaction for the N (ADR-0030), as the HTTP command lane does with the sends queued behind
 one; 1 (the default) is one transaction per send.
@@ -106,7 +112,7 @@ def replica(j: int, env: dict[str, str], args: dict[str, int], go: Any, out: Any
                             rt.app.send_message,
                             tenant_of(g, args["tenants"]),
                             f"g{g}",
-                            sender=f"u{i % args['members']}",
+                            sender=member(g, i % args["members"], args),
                             text="hi",
                         )
                     )
@@ -129,6 +135,12 @@ def replica(j: int, env: dict[str, str], args: dict[str, int], go: Any, out: Any
     except BaseException as exc:
         out.put(("failed", j, f"{type(exc).__name__}: {exc}"))
         raise
+
+
+def member(g: int, i: int, args: dict[str, Any]) -> str:
+    """Group g's i-th member (--users)."""
+    users = args["users"]
+    return f"u{(g * args['members'] + i) % users}" if users else f"u{i}"
 
 
 def sample_lag(rt: Any, lags: list[tuple[float, int]], sending: threading.Event) -> None:
@@ -179,6 +191,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--groups", type=int, default=1000)
     ap.add_argument("--members", type=int, default=20)
+    ap.add_argument(
+        "--users",
+        type=int,
+        default=0,
+        help="the user population the members are drawn from (group g's "
+        "i-th member is user (g * members + i) %% users); 0 (the default): every group has the same "
+        "members u0..u<members-1>, the shape of earlier sections",
+    )
     ap.add_argument("--messages", type=int, default=5000)
     ap.add_argument("--replicas", type=int, default=1, help="API replica processes sending")
     ap.add_argument("--tenants", type=int, default=1, help="tenants the groups are spread over")
@@ -211,7 +231,8 @@ def main() -> int:
 
         t = time.monotonic()
         for g in range(args.groups):
-            rt.app.create_conversation(tenant_of(g, args.tenants), f"g{g}", "", [f"u{i}" for i in range(args.members)])
+            members = [member(g, i, vars(args)) for i in range(args.members)]
+            rt.app.create_conversation(tenant_of(g, args.tenants), f"g{g}", "", members)
         created = time.monotonic() - t
         rt.wait_until(rt.log_position(), 1800)
         print(f"{args.groups} groups of {args.members} created in {created:.1f} s "
@@ -221,7 +242,8 @@ def main() -> int:
         ctx = mp.get_context("spawn")
         go, out = ctx.Event(), ctx.Queue()
         shared = {
-            k: getattr(args, k) for k in ("groups", "members", "messages", "replicas", "tenants", "group", "rate")
+            k: getattr(args, k)
+            for k in ("groups", "members", "users", "messages", "replicas", "tenants", "group", "rate")
         }
         for j in range(args.replicas):
             p = ctx.Process(target=replica, args=(j, env, shared, go, out), name=f"replica-{j + 1}")
