@@ -170,9 +170,7 @@ class CassandraMailbox:
 
     # -- writing -------------------------------------------------------------------
 
-    def rows(
-        self, messages: Iterable[tuple[str, MessageRefs]], statements: Statements | None = None
-    ) -> list[Encoded]:
+    def rows(self, messages: Iterable[tuple[str, MessageRefs]], statements: Statements | None = None) -> list[Encoded]:
         """The insert of each entry of `messages` (a unit of work's: (tenant, refs) each),
         serialized here (adapters/cassandra/batches.py, ADR-0039), grouped by partition ACROSS
         the messages and in token order (ADR-0046): inside Cassandra each partition a batch

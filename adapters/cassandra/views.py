@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -57,7 +57,7 @@ from adapters.cassandra.writer import (
     state_row,
 )
 from projections.head_cache import HeadCache
-from projections.ports import ALL_TARGETS, LogPosition, MailboxEntry, MailboxStore, MessageRefs
+from projections.ports import ALL_TARGETS, LogPosition, MailboxEntry, MailboxStore
 from projections.rows import (
     DELIVERY_RECORD,
     HEAD_COLUMNS,
