@@ -58,7 +58,7 @@ PARTITION_SHARDS = 1024  # partitions of a tenant's hour (ADR-0038; measured aga
 HOUR = 3600.0  # seconds of a partition's hour
 MARGIN = 2  # hours a cursor read reads past what it returns (clock skew between replicas)
 READ_WINDOW = 32  # hours a cursor read reads in one request (`hour IN`)
-HOURS_BUILT = 64  # (tenant, hour)s whose partitions' heads, keys and tokens are kept
+HOURS_KEPT = 256  # (tenant, hour)s whose partitions' statement heads, keys and tokens are kept
 CACHED_LIST = 1000  # members of a MailboxShard list from which its partition grouping is cached
 INSERT_ENTRY = (
     "INSERT INTO {ks}.mailbox (tenant, shard, hour, user_id, pos, ref) "
@@ -116,6 +116,27 @@ _SHARD_CELLS = [cell(v) for v in _SHARD_VALUES]
 _SHARD_KEYS = [key_component(v) for v in _SHARD_VALUES]
 
 
+class _Hour:
+    """The partitions of a tenant's hour: for each partition shard used, the head of its insert
+    statements (lead, tenant, shard, hour), its routing key and its Murmur3 token, built when
+    first used (ADR-0046)."""
+
+    __slots__ = ("head", "hour_cell", "key_hour", "key_tenant", "parts")
+
+    def __init__(self, query_id: bytes, tenant: str, hour: int) -> None:
+        t, h = tenant.encode(), _BIGINT.pack(hour)
+        self.head, self.hour_cell = prefix(query_id, 7) + cell(t), cell(h)
+        self.key_tenant, self.key_hour = key_component(t), key_component(h)
+        self.parts: dict[int, tuple[bytes, bytes, int]] = {}
+
+    def part(self, p: int) -> tuple[bytes, bytes, int]:
+        got = self.parts.get(p)
+        if got is None:
+            key = self.key_tenant + _SHARD_KEYS[p] + self.key_hour
+            got = self.parts[p] = (self.head + _SHARD_CELLS[p] + self.hour_cell, key, murmur3(key))
+        return got
+
+
 class CassandraMailbox:
     """A MailboxStore on Cassandra. Give it a session (shared with the views: close() then
     leaves the Cluster to its owner) or open one with `from_settings` / `connect`."""
@@ -139,7 +160,7 @@ class CassandraMailbox:
         self.read_window = READ_WINDOW  # hours a cursor read reads in one request (tests make it 1 or 2)
         # (tenant, conversation, MailboxShard) -> (list version, members, its partitions)
         self._partition_lists: dict[tuple[str, str, int], tuple[int, int, list[tuple[int, list[bytes]]]]] = {}
-        self._hours_built: dict[tuple[bytes, str, int], tuple[list[bytes], list[bytes], list[int]]] = {}
+        self._hours_kept: dict[tuple[bytes, str, int], _Hour] = {}
 
     @classmethod
     def connect(
@@ -211,7 +232,7 @@ class CassandraMailbox:
     ) -> None:
         """One message's inserts, appended to `out` as (token, routing key, statements, how
         many) per partition: its special members' first, then runs of at most BATCH_ROWS."""
-        heads, keys, tokens = self._hour_partitions(query_id, tenant, hour_of(refs.at))
+        part = self._hour(query_id, tenant, hour_of(refs.at)).part
         # a statement: its partition's head (lead, tenant, shard, hour), the member, then the
         # position, the ref, the stamp
         pos_cell, end = cell(_BIGINT.pack(refs.pos)), cell(_BIGINT.pack(stamp(refs.pos)))
@@ -224,7 +245,7 @@ class CassandraMailbox:
         add = out.append
         for shard in sorted(refs.shards):
             for p, cells in self._partitions(tenant, refs, shard):
-                head = heads[p]
+                head, key, token = part(p)
                 own = special.get(p)
                 if own:
                     present = sorted((c, f) for c, f in own if c in cells)  # members only
@@ -232,28 +253,22 @@ class CassandraMailbox:
                         skip = {c for c, _ in present}
                         cells = [c for c in cells if c not in skip]
                         body = b"".join(head + c + pos_cell + cell(ref(seq, f, cid)) + end for c, f in present)
-                        add((tokens[p], keys[p], body, len(present)))
+                        add((token, key, body, len(present)))
                 if len(cells) == 1:
-                    add((tokens[p], keys[p], head + cells[0] + tail, 1))
+                    add((token, key, head + cells[0] + tail, 1))
                     continue
                 for i in range(0, len(cells), BATCH_ROWS):
                     run = cells[i : i + BATCH_ROWS] if len(cells) > BATCH_ROWS else cells
-                    add((tokens[p], keys[p], joined(head, tail, run), len(run)))
+                    add((token, key, joined(head, tail, run), len(run)))
 
-    def _hour_partitions(self, query_id: bytes, tenant: str, hour: int) -> tuple[list[bytes], list[bytes], list[int]]:
-        """The partitions of a tenant's hour: each one's statement head (the insert's lead and
-        its key cells), routing key and token, built once and kept for the hours last used."""
+    def _hour(self, query_id: bytes, tenant: str, hour: int) -> _Hour:
+        """A tenant's hour's partitions (`_Hour`), kept for the HOURS_KEPT hours last used."""
         key = (query_id, tenant, hour)
-        got = self._hours_built.get(key)
+        got = self._hours_kept.get(key)
         if got is None:
-            t, h = tenant.encode(), _BIGINT.pack(hour)
-            lead, hour_cell = prefix(query_id, 7) + cell(t), cell(h)
-            key_tenant, key_hour = key_component(t), key_component(h)
-            keys = [key_tenant + k + key_hour for k in _SHARD_KEYS]
-            got = ([lead + c + hour_cell for c in _SHARD_CELLS], keys, [murmur3(k) for k in keys])
-            if len(self._hours_built) >= HOURS_BUILT:
-                self._hours_built.pop(next(iter(self._hours_built)))  # the oldest built
-            self._hours_built[key] = got
+            if len(self._hours_kept) >= HOURS_KEPT:
+                self._hours_kept.pop(next(iter(self._hours_kept)))  # the oldest built
+            got = self._hours_kept[key] = _Hour(query_id, tenant, hour)
         return got
 
     def _partitions(self, tenant: str, refs: MessageRefs, shard: int) -> list[tuple[int, list[bytes]]]:

@@ -134,7 +134,7 @@ def _mailbox():  # type: ignore[no-untyped-def]
     store = CassandraMailbox.__new__(CassandraMailbox)  # no session: rows() only serializes
     store.statements = _Statements()
     store._partition_lists = {}
-    store._hours_built = {}
+    store._hours_kept = {}
     return store
 
 
@@ -210,10 +210,11 @@ def test_the_mailbox_rows_are_each_members_insert_once_routed_by_its_partition(
         ),
         min_size=1,
         max_size=12,
-    )
+    ),
+    st.sampled_from([1, 2, 256]),  # (tenant, hour)s kept: 1 and 2 rebuild them within the unit
 )
 def test_a_units_mailbox_rows_are_grouped_by_partition_across_its_messages(
-    messages: list[tuple[str, list[str], int]],
+    messages: list[tuple[str, list[str], int]], kept: int
 ) -> None:
     """ADR-0046: the rows of a unit's messages (tenants, hours, members overlapping) come out
     with each member's insert once per message, each part at most BATCH_ROWS statements routed
@@ -233,7 +234,14 @@ def test_a_units_mailbox_rows_are_grouped_by_partition_across_its_messages(
         for u in sorted(users):
             by.setdefault(shard_of(u, 4), []).append(u)
         unit.append((tenant, MessageRefs(f"c{i}", 100 + i, 1, 0, {}, by, None, at=hour * HOUR + 1.0)))
-    parts = store.rows(unit)
+    import adapters.cassandra.mailbox as mailbox
+
+    mailbox.HOURS_KEPT, before = kept, mailbox.HOURS_KEPT
+    try:
+        parts = store.rows(unit)
+    finally:
+        mailbox.HOURS_KEPT = before
+    assert len(store._hours_kept) <= kept
     seen: dict[tuple[bytes, bytes, bytes], list[int]] = {}
     order: list[bytes] = []  # each statement's routing key, in the order sent
     for part in parts:
