@@ -6,10 +6,11 @@ hour of the message's acceptance (`MessageRefs.at`, from the event: the same on 
 Inside Cassandra each partition a batch touches is one mutation (~100 us of its CPU here), so
 a message to N members costs at most PARTITION_SHARDS mutations instead of N (PERFORMANCE.md
 section 19: 13-17 against 100-108 us of Cassandra CPU an entry). The hour bounds a partition
-(the rows of 1/PARTITION_SHARDS of a tenant's members for one hour). A message's rows come out
-grouped by partition, packed into UNLOGGED batches of BATCH_ROWS rows with up to IN_FLIGHT in
-the air: a large message's batches each touch one partition, a small message's rows share
-batches with its neighbours' as before.
+(the rows of 1/PARTITION_SHARDS of a tenant's members for one hour). A unit of work's rows come
+out grouped by partition across its messages, in token order (ADR-0046: a unit of small
+messages costs a mutation per partition it touches, not one per entry), packed into UNLOGGED
+batches of BATCH_ROWS rows with up to IN_FLIGHT in the air: a large message's batches each
+touch one partition.
 
 `mailbox_hours` keeps each tenant hour's last position (the cell with the highest position
 wins: its write timestamp is the stamp of that position). A cursor read (`read`) lists the
@@ -22,7 +23,8 @@ from PostgreSQL's (fanout/clock_guard.py, ADR-0041).
 
 Every row is an upsert of the same key with the same values and the same write timestamp (the
 message's log position, adapters/cassandra/stamps.py), so writing the same refs again changes
-nothing. docs/adr/0014-cassandra-data-model.md, docs/adr/0038-mailbox-partitions-by-shard.md."""
+nothing. docs/adr/0014-cassandra-data-model.md, docs/adr/0038-mailbox-partitions-by-shard.md,
+docs/adr/0046-mailbox-rows-grouped-across-a-unit.md."""
 
 from __future__ import annotations
 
