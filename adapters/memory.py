@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 from projections.ports import ALL_TARGETS, LogPosition, MailboxEntry, MessageRefs
@@ -274,6 +275,9 @@ class MemoryViews:
         with self._lock:
             return self.log_positions.get(partition)
 
+    def log_position_later(self, partition: int) -> Callable[[], LogPosition | None]:
+        return partial(self.log_position, partition)  # in memory: read when asked
+
     def views_position(self, projection: str) -> int:
         with self._lock:
             return min(self.tracking.get((projection, p), 0) for p in range(self.partitions))
@@ -384,6 +388,9 @@ class MemoryViews:
         with self._lock:
             c = self.capacity.get(name)
             return _json(c) if c is not None else None
+
+    def capacity_states(self, names: Sequence[str]) -> list[dict[str, Any] | None]:
+        return [self.capacity_state(n) for n in names]
 
 
 def _json(body: dict[str, Any]) -> dict[str, Any]:

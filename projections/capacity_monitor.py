@@ -34,8 +34,9 @@ MONITOR_STATE = "capacity.monitor"
 def platform_window(params: Parameters, store: ViewStore, partitions: int) -> CapacityProjection:
     """The merged window of every partition, with the monitor's firing flags: what /metrics
     and `analyze capacity` show on the distributed runtime."""
-    window = merged(params, [store.capacity_state(state_name(p)) or {} for p in range(partitions)])
-    window.firing = dict((store.capacity_state(MONITOR_STATE) or {}).get("firing", {}))
+    *states, memo = store.capacity_states([*map(state_name, range(partitions)), MONITOR_STATE])
+    window = merged(params, [s or {} for s in states])
+    window.firing = dict((memo or {}).get("firing", {}))
     return window
 
 
@@ -51,9 +52,8 @@ class CapacityMonitor:
         """Merge the partitions' windows, compare with the limits, save what changed; the
         triggers that crossed since the last evaluation (the caller opens their reviews)."""
         self.evaluations += 1
-        states = [self.store.capacity_state(state_name(p)) or {} for p in range(self.partitions)]
-        window = merged(self.params, states)
-        stored = self.store.capacity_state(MONITOR_STATE)
+        *states, stored = self.store.capacity_states([*map(state_name, range(self.partitions)), MONITOR_STATE])
+        window = merged(self.params, [s or {} for s in states])
         memo = stored or {}
         firing: dict[str, bool] = dict(memo.get("firing", {}))
         episodes: dict[str, int] = {k: int(v) for k, v in memo.get("episodes", {}).items()}

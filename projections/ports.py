@@ -165,6 +165,11 @@ class ViewReader(Protocol):
     def log_position(self, partition: int) -> LogPosition | None:
         """The LogPosition the last unit of this partition wrote; None before any."""
 
+    def log_position_later(self, partition: int) -> Callable[[], LogPosition | None]:
+        """log_position(partition) read ahead: the read may start now (a request in flight
+        while the caller folds) and is answered by calling the result, which reads no older
+        state than a log_position call made now would."""
+
     def views_position(self, projection: str) -> int:
         """The position every partition of the log has applied for this projection: the
         minimum of position(projection, p) over partitions 0..partitions-1 (a partition
@@ -250,6 +255,9 @@ class ViewReader(Protocol):
     def tier(self, tier_id: str) -> dict[str, Any] | None: ...
 
     def capacity_state(self, name: str) -> dict[str, Any] | None: ...
+
+    def capacity_states(self, names: Sequence[str]) -> list[dict[str, Any] | None]:
+        """capacity_state of each name, in order (the reads may run at once)."""
 
 
 class ViewStore(ViewReader, Protocol):

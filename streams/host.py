@@ -14,10 +14,11 @@ in the order of ADR-0012/ADR-0025.
   applied positions (ADR-0012).
 * **A failed unit** (or take) drops the working sets of its partitions whose records did not
   all commit (reloaded from the views) and raises; the caller retries the same records.
-* **Fencing and healing (ADR-0021).** Before a unit and during a long commit the host checks
-  that the views still stand where its last commit left them: past it, another writer took
-  the partition (`Fenced`); below it, the views lost acknowledged writes and the log is read
-  again from where they stand (`LogReader`).
+* **Fencing and healing (ADR-0021).** Before a unit writes and during a long commit the host
+  checks that the views still stand where its last commit left them: past it, another writer
+  took the partition (`Fenced`); below it, the views lost acknowledged writes and the log is
+  read again from where they stand (`LogReader`). The read of a take's check is in flight
+  while the unit folds (ADR-0047); it is answered before the unit's first write.
 * **Effects after the commit**: `on_effects(effects)` gets the projections' effects and a
   `ViewsTracked` per unit; its exceptions are logged, never fatal.
 
@@ -56,6 +57,20 @@ FENCE_RECHECK = 1.0  # seconds a commit runs before it checks again that no one 
 class Fenced(RuntimeError):
     """Another writer has written this partition's views past where this host stood: the
     unit is stopped (what it wrote is older than what is there, and loses: ADR-0021)."""
+
+
+class _Moved(Exception):
+    """A fence read answered during a unit: the views do not stand where this host's last
+    commit of the partition left them (raised before the unit writes anything)."""
+
+    def __init__(self, partition: int, stored: LogPosition | None) -> None:
+        super().__init__(partition)
+        self.partition, self.stored = partition, stored
+
+
+class _Behind(Exception):
+    """A partition was dropped because its views stand below this host's last commit: the
+    take reloads it (healing from the log) and goes on."""
 
 
 class LogReader(Protocol):
@@ -207,17 +222,20 @@ class ProjectionHost:
         when a unit fails (the working sets of its partitions are dropped; retry the same
         records)."""
         pending: dict[int, Sequence[Record]] = {}
+        checks: dict[int, Callable[[], LogPosition | None]] = {}  # partition -> its fence read, in flight
         finished: set[int] = set()
         try:
-            for partition in sorted(by_partition):
+            for partition in by_partition:
                 self.stats.records += len(by_partition[partition])
-                heals = self.stats.heals
-                pending[partition] = self._resume(partition, by_partition[partition])
-                healed = self.stats.heals > heals
-                failpoints.hit("take.resumed", ("healed", f"healed-p{partition}") if healed else ())
+            self._resume_all(by_partition, pending, checks)
             done = 0
             while pending:
-                for partition, n in self._unit(pending).items():
+                try:
+                    counts = self._unit(pending, checks)
+                except _Behind:  # a fence read found the views below this host's commit: reload
+                    self._resume_all(dict(pending), pending, checks)
+                    continue
+                for partition, n in counts.items():
                     done += n
                     rest = pending[partition][n:]
                     if rest:
@@ -233,26 +251,56 @@ class ProjectionHost:
             raise
         return done
 
-    def _resume(self, partition: int, records: Sequence[Record]) -> Sequence[Record]:
-        """Check the views still stand where this host left them, (re)load the partition
-        if needed, and put in front of `records` those the views have not applied."""
-        stored: LogPosition | None = None
+    def _resume_all(
+        self,
+        by_partition: Mapping[int, Sequence[Record]],
+        pending: dict[int, Sequence[Record]],
+        checks: dict[int, Callable[[], LogPosition | None]],
+    ) -> None:
+        for partition in sorted(by_partition):
+            heals = self.stats.heals
+            pending[partition] = self._resume(partition, by_partition[partition], checks)
+            healed = self.stats.heals > heals
+            failpoints.hit("take.resumed", ("healed", f"healed-p{partition}") if healed else ())
+
+    def _resume(
+        self, partition: int, records: Sequence[Record], checks: dict[int, Callable[[], LogPosition | None]]
+    ) -> Sequence[Record]:
+        """A partition this host holds: its fence read is started (`checks`), answered before
+        the partition's next unit writes (`_verify`), so it is in flight while the unit folds.
+        Else the partition is (re)loaded, and the records the views have not applied are put in
+        front of `records`."""
+        checks.pop(partition, None)
         if partition in self._tracked:
-            stored = self.views.log_position(partition)
-            committed = self._committed.get(partition)
-            # no row at all where this host committed one: the views lost the partition's every unit
-            if committed is not None and (stored is None or stored.position != committed):
-                if stored is not None and stored.position > committed:
-                    self.stats.fenced += 1
-                    self.forget([partition])  # reload what the other writer left
-                    raise Fenced(
-                        f"partition {partition}: the views were written up to position {stored.position} by "
-                        f"another worker while this one stood at {committed}; its working set is reloaded"
-                    )
-                self.forget([partition], failed=True)  # below what we committed: lost writes
-        if partition not in self._tracked:  # (re)load; the row just read is still where the views stand
-            records = self._load(partition, records, stored or self.views.log_position(partition))
-        return records
+            if self._committed.get(partition) is not None:
+                checks[partition] = self.views.log_position_later(partition)
+            return records
+        return self._load(partition, records, self.views.log_position(partition))
+
+    def _stands(self, partition: int, stored: LogPosition | None) -> bool:
+        """The views stand where this host's last commit of the partition left them (or it
+        has none to compare with)."""
+        committed = self._committed.get(partition)
+        return committed is None or (stored is not None and stored.position == committed)
+
+    def _verify(self, partition: int, stored: LogPosition | None) -> bool:
+        """Check the views still stand where this host's last commit of the partition left
+        them (ADR-0021). Past it: another writer took the partition, Fenced (its working set
+        is reloaded on the retry). Below it (or no row where this host committed one): the
+        views lost acknowledged writes; the partition is dropped, True: reload it (`_load`
+        heals from the log)."""
+        if self._stands(partition, stored):
+            return False
+        committed = self._committed.get(partition) or 0  # not None: _stands
+        if stored is not None and stored.position > committed:
+            self.stats.fenced += 1
+            self.forget([partition])  # reload what the other writer left
+            raise Fenced(
+                f"partition {partition}: the views were written up to position {stored.position} by "
+                f"another worker while this one stood at {committed}; its working set is reloaded"
+            )
+        self.forget([partition], failed=True)  # below what we committed: lost writes
+        return True
 
     def _load(self, partition: int, records: Sequence[Record], stored: LogPosition | None) -> Sequence[Record]:
         tracked = self.tracked(partition)
@@ -317,9 +365,12 @@ class ProjectionHost:
 
         return check
 
-    def _unit(self, pending: Mapping[int, Sequence[Record]]) -> dict[int, int]:
+    def _unit(
+        self, pending: Mapping[int, Sequence[Record]], checks: dict[int, Callable[[], LogPosition | None]]
+    ) -> dict[int, int]:
         """One unit of work over the partitions of `pending`: partition -> how many of its
-        records went into it."""
+        records went into it. The fence reads of `checks` are answered before anything is
+        written (raises _Behind when a partition was dropped for a reload)."""
         counts: dict[int, int] = {}
         work: dict[int, Sequence[Record]] = {}
         lows: dict[int, int] = {}  # partition -> the lowest position its views tracked
@@ -330,6 +381,9 @@ class ProjectionHost:
                 counts[partition] = len(records)
             else:
                 work[partition] = records
+        for partition in [p for p in checks if p in pending and p not in work]:
+            if self._verify(partition, checks.pop(partition)()):
+                raise _Behind(partition)
         if not work:
             return counts
         effects: list[Effect] = []
@@ -351,8 +405,17 @@ class ProjectionHost:
                         p.flush(w)
                         w.track(p.name, fold.last[p.name], partition)
                     w.track_log(partition, max(fold.last.values()), fold.next_offset)
+                for partition in [p for p in folds if p in checks]:  # read while folding; nothing written yet
+                    stored = checks.pop(partition)()
+                    if not self._stands(partition, stored):
+                        raise _Moved(partition, stored)
                 entries = w.mailbox_entries
                 heads = tuple(w.heads_written())
+        except _Moved as moved:
+            # Nothing written; every working set of the unit ran ahead: reload them
+            self.forget([p for p in work if p != moved.partition], failed=True)
+            self._verify(moved.partition, moved.stored)  # raises Fenced, or drops it: lost writes
+            raise _Behind(moved.partition) from None
         except BaseException as exc:
             # The working sets ran ahead of what committed: reload them from the views.
             if isinstance(exc, Fenced):

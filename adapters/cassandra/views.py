@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -434,6 +434,16 @@ class CassandraViews:
         row = self.session.execute(self._r["log_position"], (partition,)).one()
         return LogPosition(int(row["position"]), int(row["next_offset"])) if row is not None else None
 
+    def log_position_later(self, partition: int) -> Callable[[], LogPosition | None]:
+        """The read is in flight from now; the result waits for it."""
+        future = self.session.execute_async(self._r["log_position"], (partition,))
+
+        def result() -> LogPosition | None:
+            row = future.result().one()
+            return LogPosition(int(row["position"]), int(row["next_offset"])) if row is not None else None
+
+        return result
+
     def views_position(self, projection: str) -> int:
         """The position every partition 0..partitions-1 has applied (one partition read)."""
         tracked = {
@@ -723,3 +733,9 @@ class CassandraViews:
     def capacity_state(self, name: str) -> dict[str, Any] | None:
         row = self.session.execute(self._r["capacity"], (name,)).one()
         return dict(json.loads(row["body"])) if row is not None else None
+
+    def capacity_states(self, names: Sequence[str]) -> list[dict[str, Any] | None]:
+        """Every read in flight at once (a worker's evaluation reads one a partition)."""
+        futures = [self.session.execute_async(self._r["capacity"], (n,)) for n in names]
+        rows = [f.result().one() for f in futures]
+        return [dict(json.loads(r["body"])) if r is not None else None for r in rows]

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from itertools import groupby
 from pathlib import Path
 from typing import Any
@@ -399,6 +400,9 @@ class SqliteViews:
         )
         return LogPosition(int(row[0]), int(row[1])) if row else None
 
+    def log_position_later(self, partition: int) -> Callable[[], LogPosition | None]:
+        return partial(self.log_position, partition)  # one file: read when asked
+
     def views_position(self, projection: str) -> int:
         """One log, one partition."""
         return self.position(projection, 0)
@@ -620,6 +624,9 @@ class SqliteViews:
     def capacity_state(self, name: str) -> dict[str, Any] | None:
         row = self.reader().execute("SELECT body FROM capacity WHERE projection=?", (name,)).fetchone()
         return json.loads(row[0]) if row else None
+
+    def capacity_states(self, names: Sequence[str]) -> list[dict[str, Any] | None]:
+        return [self.capacity_state(n) for n in names]
 
     def mailbox_page(self, tenant: str, user_id: str, after: int, limit: int) -> list[MailboxEntry]:
         # Only entries whose views transaction committed are visible: a cursor never skips.

@@ -320,6 +320,18 @@ class ViewStoreContract:
             w.track_log(0, 7, 42)
         assert views.log_position(0) == (7, 42) and views.log_position(1) is None
 
+    def test_a_log_position_read_ahead_answers_no_older_than_when_it_started(self, views: Any) -> None:
+        before, other = views.log_position_later(0), views.log_position_later(1)
+        assert other() is None
+        assert before() is None  # nothing tracked when it started (a store may read later: still none)
+        with views.unit_of_work() as w:
+            w.track_log(0, 7, 42)
+        started = views.log_position_later(0)
+        with views.unit_of_work() as w:
+            w.track_log(0, 9, 50)
+        assert started() in ((7, 42), (9, 50))  # the unit after it started may or may not be seen
+        assert views.log_position_later(0)() == (9, 50)
+
     def test_a_capacity_body_is_compared_and_set(self, views: Any) -> None:
         first = {"firing": {"T1": True}, "episodes": {"T1": 1}}
         assert views.compare_and_put_capacity("capacity.monitor", None, first)
@@ -329,6 +341,21 @@ class ViewStoreContract:
         stale = {"firing": {"T1": True}, "episodes": {"T1": 2}}
         assert not views.compare_and_put_capacity("capacity.monitor", first, stale)  # read before `second`
         assert views.capacity_state("capacity.monitor") == second
+
+    def test_capacity_states_are_read_in_the_order_asked(self, views: Any) -> None:
+        with views.unit_of_work() as w:
+            for i in range(5):
+                w.put_capacity(f"capacity.{i}", {"applied": {i: i}})
+        names = ["capacity.3", "nope", "capacity.0", "capacity.4", "capacity.3"]
+        assert views.capacity_states(names) == [views.capacity_state(n) for n in names]
+        assert [s and s["applied"] for s in views.capacity_states(names)] == [
+            {"3": 3},
+            None,
+            {"0": 0},
+            {"4": 4},
+            {"3": 3},
+        ]
+        assert views.capacity_states([]) == []
 
 
 class PartitionedLogContract:
