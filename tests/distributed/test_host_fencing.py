@@ -9,7 +9,9 @@ Kafka-like offsets and a log reader over the same records.
   views) is filled from the log first.
 * Another writer has written the partition past this host: Fenced, one line, reloaded.
 * A unit that runs past FENCE_RECHECK while another writer moves the partition is stopped
-  between its commit steps, before its tracking."""
+  between its commit steps, before its tracking.
+* The fence read of a take is in flight while its unit folds and answered before the unit
+  writes; a takeover landing during the fold is fenced with nothing written (ADR-0047)."""
 
 from __future__ import annotations
 
@@ -196,6 +198,87 @@ def test_a_unit_paused_mid_commit_is_stopped_before_its_tracking(
     with pytest.raises(Fenced, match="unit is stopped"):
         stale.apply(p, rs[3:5])
     assert views.log_position(p).position == max(r.position for r in rs[:8])
+    owner.apply(p, rs[8:])
+    for q, others in log.items():
+        if q != p:
+            owner.apply(q, others)
+    assert snapshot(views) == snapshot(popo_log.views)
+
+
+class ReadAheadViews(MemoryViews):
+    """In-memory views that record when a fence read starts and is answered, and when a
+    unit's writes begin (ADR-0047)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[str] = []
+
+    def log_position_later(self, partition: int) -> Any:
+        self.steps.append("read started")
+        answer = super().log_position_later(partition)
+
+        def answered() -> Any:
+            self.steps.append("read answered")
+            return answer()
+
+        return answered
+
+    def unit_of_work(self, *args: Any, **kwargs: Any) -> Any:
+        from contextlib import contextmanager
+
+        inner = super().unit_of_work
+
+        @contextmanager
+        def unit() -> Any:
+            with inner(*args, **kwargs) as w:
+                yield w
+                self.steps.append("writes")  # the block exited cleanly: the store writes now
+
+        return unit()
+
+
+def test_the_fence_read_is_in_flight_while_the_unit_folds_and_answered_before_it_writes(
+    popo_log: LogBuilder,  # noqa: F811
+) -> None:
+    log = with_offsets(partitioned(popo_log.notes()))
+    views = ReadAheadViews()
+    h = host(popo_log, views, log)
+    folding = h.to_domain_event
+
+    def fold(r: Any) -> Any:
+        views.steps.append("fold")
+        return folding(r)
+
+    h.to_domain_event = fold
+    p, rs = next((p, rs) for p, rs in log.items() if len(rs) > 8)
+    h.apply(p, rs[:3])  # the first take loads the partition: nothing of this host to check
+    assert "read started" not in views.steps
+    views.steps.clear()
+    h.apply(p, rs[3:8])
+    steps = [s for i, s in enumerate(views.steps) if s != "fold" or views.steps[i - 1] != "fold"]
+    assert steps == ["read started", "fold", "read answered", "writes"], views.steps
+
+
+def test_a_partition_taken_over_while_the_unit_folds_is_fenced_before_it_writes(
+    popo_log: LogBuilder,  # noqa: F811
+) -> None:
+    log = with_offsets(partitioned(popo_log.notes()))
+    views = MemoryViews()
+    stale, owner = host(popo_log, views, log), host(popo_log, views, log)
+    p, rs = next((p, rs) for p, rs in log.items() if len(rs) > 8)
+    stale.apply(p, rs[:3])
+    folding, takeover = stale.to_domain_event, [lambda: owner.apply(p, rs[:8])]
+
+    def fold(r: Any) -> Any:
+        if takeover:
+            takeover.pop()()  # the takeover lands after the fence read started, during the fold
+        return folding(r)
+
+    stale.to_domain_event = fold
+    with pytest.raises(Fenced, match="another worker"):
+        stale.apply(p, rs[3:5])
+    assert views.log_position(p).position == max(r.position for r in rs[:8])  # nothing of the stale unit
+    stale.apply(p, rs[3:5])  # the retry reloads: everything at or below the owner's is skipped
     owner.apply(p, rs[8:])
     for q, others in log.items():
         if q != p:
