@@ -71,6 +71,8 @@ from distributed_common import (  # noqa: E402
     wait_workers,
     watch_fleet,
 )
+from group_members import add_users_option  # noqa: E402
+from group_members import member as group_member  # noqa: E402
 
 from fanout.bootstrap import bootstrap_distributed  # noqa: E402
 from fanout.config import load_settings  # noqa: E402
@@ -139,8 +141,7 @@ def replica(j: int, env: dict[str, str], args: dict[str, int], go: Any, out: Any
 
 def member(g: int, i: int, args: dict[str, Any]) -> str:
     """Group g's i-th member (--users)."""
-    users = args["users"]
-    return f"u{(g * args['members'] + i) % users}" if users else f"u{i}"
+    return group_member(g, i, args["members"], args["users"])
 
 
 def sample_lag(rt: Any, lags: list[tuple[float, int]], sending: threading.Event) -> None:
@@ -191,14 +192,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--groups", type=int, default=1000)
     ap.add_argument("--members", type=int, default=20)
-    ap.add_argument(
-        "--users",
-        type=int,
-        default=0,
-        help="the user population the members are drawn from (group g's "
-        "i-th member is user (g * members + i) %% users); 0 (the default): every group has the same "
-        "members u0..u<members-1>, the shape of earlier sections",
-    )
+    add_users_option(ap)
     ap.add_argument("--messages", type=int, default=5000)
     ap.add_argument("--replicas", type=int, default=1, help="API replica processes sending")
     ap.add_argument("--tenants", type=int, default=1, help="tenants the groups are spread over")

@@ -20,6 +20,9 @@ import time
 from functools import partial
 from pathlib import Path
 
+from group_members import add_users_option
+from group_members import member as group_member
+
 from domain.params import Parameters, Rate
 from fanout.bootstrap import bootstrap
 
@@ -30,17 +33,9 @@ def main() -> None:
     ap.add_argument("--members", type=int, default=20)
     ap.add_argument("--messages", type=int, default=3000)
     ap.add_argument("--group", type=int, default=1, help="sends per event-store transaction (ADR-0030)")
-    ap.add_argument(
-        "--users",
-        type=int,
-        default=0,
-        help="the user population the members are drawn from (group g's i-th member is user "
-        "(g * members + i) %% users); 0 (the default): every group has the same members u0..u<members-1>",
-    )
+    add_users_option(ap)
     args = ap.parse_args()
-
-    def member(g: int, i: int) -> str:
-        return f"u{(g * args.members + i) % args.users}" if args.users else f"u{i}"
+    member = partial(group_member, members=args.members, users=args.users)
 
     root = Path(tempfile.mkdtemp(prefix="fanout-small-bench-"))
     clock = [1_800_000_000.0]
