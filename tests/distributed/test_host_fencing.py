@@ -159,11 +159,12 @@ def test_a_host_whose_partition_was_written_past_it_is_fenced_and_reloads(popo_l
     assert snapshot(views) == snapshot(popo_log.views)
 
 
-class SteppedViews(MemoryViews):
-    """In-memory views whose commit calls the writer's checkpoint between two steps, and
-    runs `between` (another writer's commit) there once, as Cassandra's commit would."""
+class HookedViews(MemoryViews):
+    """In-memory views that call `committing(w)` when a unit's block exits cleanly, before
+    the store writes it."""
 
-    between: Any = None
+    def committing(self, w: Any) -> None:
+        pass
 
     def unit_of_work(self, *args: Any, **kwargs: Any) -> Any:
         from contextlib import contextmanager
@@ -174,14 +175,24 @@ class SteppedViews(MemoryViews):
         def unit() -> Any:
             with inner(*args, **kwargs) as w:
                 yield w
-                if w.checkpoint is not None and w.positions:
-                    w.checkpoint("heads")
-                    if self.between is not None:
-                        run, self.between = self.between, None
-                        run()
-                    w.checkpoint("tracking")
+                self.committing(w)
 
         return unit()
+
+
+class SteppedViews(HookedViews):
+    """In-memory views whose commit calls the writer's checkpoint between two steps, and
+    runs `between` (another writer's commit) there once, as Cassandra's commit would."""
+
+    between: Any = None
+
+    def committing(self, w: Any) -> None:
+        if w.checkpoint is not None and w.positions:
+            w.checkpoint("heads")
+            if self.between is not None:
+                run, self.between = self.between, None
+                run()
+            w.checkpoint("tracking")
 
 
 def test_a_unit_paused_mid_commit_is_stopped_before_its_tracking(
@@ -205,7 +216,7 @@ def test_a_unit_paused_mid_commit_is_stopped_before_its_tracking(
     assert snapshot(views) == snapshot(popo_log.views)
 
 
-class ReadAheadViews(MemoryViews):
+class ReadAheadViews(HookedViews):
     """In-memory views that record when a fence read starts and is answered, and when a
     unit's writes begin (ADR-0047)."""
 
@@ -223,18 +234,8 @@ class ReadAheadViews(MemoryViews):
 
         return answered
 
-    def unit_of_work(self, *args: Any, **kwargs: Any) -> Any:
-        from contextlib import contextmanager
-
-        inner = super().unit_of_work
-
-        @contextmanager
-        def unit() -> Any:
-            with inner(*args, **kwargs) as w:
-                yield w
-                self.steps.append("writes")  # the block exited cleanly: the store writes now
-
-        return unit()
+    def committing(self, w: Any) -> None:
+        self.steps.append("writes")  # the block exited cleanly: the store writes now
 
 
 def test_the_fence_read_is_in_flight_while_the_unit_folds_and_answered_before_it_writes(
