@@ -431,8 +431,7 @@ class CassandraViews:
         return {(r["projection"], r["partition"]): r["position"] for r in rows}
 
     def log_position(self, partition: int) -> LogPosition | None:
-        row = self.session.execute(self._r["log_position"], (partition,)).one()
-        return LogPosition(int(row["position"]), int(row["next_offset"])) if row is not None else None
+        return self.log_position_later(partition)()
 
     def log_position_later(self, partition: int) -> Callable[[], LogPosition | None]:
         """The read is in flight from now; the result waits for it."""
@@ -731,8 +730,7 @@ class CassandraViews:
         return {k: json.loads(v) for k, v in row["body"].items()}
 
     def capacity_state(self, name: str) -> dict[str, Any] | None:
-        row = self.session.execute(self._r["capacity"], (name,)).one()
-        return dict(json.loads(row["body"])) if row is not None else None
+        return self.capacity_states([name])[0]
 
     def capacity_states(self, names: Sequence[str]) -> list[dict[str, Any] | None]:
         """Every read in flight at once (a worker's evaluation reads one a partition)."""
