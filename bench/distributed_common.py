@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -87,10 +87,10 @@ class Fleet(deploy.Fleet):
         env = deploy.process_env(urls, {**settings, "FANOUT_SECRET": SECRET})
         super().__init__(env, Path(tempfile.mkdtemp(prefix="fanout-bench-")), cwd=ROOT)
 
-    def start_pipeline(self, workers: int) -> None:
-        self.start("relay", "cli.relay")
+    def start_pipeline(self, workers: int, relay_args: Sequence[str] = (), worker_args: Sequence[str] = ()) -> None:
+        self.start("relay", "cli.relay", *relay_args)
         for i in range(workers):
-            self.start(f"worker-{i + 1}", "cli.worker")
+            self.start(f"worker-{i + 1}", "cli.worker", *worker_args)
 
     def start_serve(self) -> Http:
         port = free_port()

@@ -50,6 +50,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import queue
+import shlex
 import signal
 import statistics
 import sys
@@ -204,6 +205,8 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--restart-worker", action="store_true", help="after the run, stop worker-1 (SIGTERM), start "
                     "it again in the same consumer group and time one more send through it (ADR-0044)")  # fmt: skip
+    ap.add_argument("--relay-args", default="", help="more arguments for `fanout relay` (e.g. '--commit-interval-ms 50')")
+    ap.add_argument("--worker-args", default="", help="more arguments for each `fanout worker` (e.g. '--within 0.1')")
     args = ap.parse_args()
 
     exit_on_sigterm()
@@ -217,7 +220,7 @@ def main() -> int:
     children: list[Any] = []
     try:
         rt = bootstrap_distributed(load_settings(env)).start()
-        fleet.start_pipeline(args.workers)
+        fleet.start_pipeline(args.workers, shlex.split(args.relay_args), shlex.split(args.worker_args))
         watch_fleet(watch, fleet, "this process (set-up replica)")
         watch.start()
         print(f"relay + {args.workers} worker(s) up in {wait_workers(rt, args.workers):.1f} s "
