@@ -117,7 +117,8 @@ class MemoryWriter:
     def heads_written(self) -> Iterable[tuple[str, str]]:
         return self.head_keys
 
-    def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any]) -> None:
+    def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any], *, lookups: bool = True) -> None:
+        # the lookups are dicts of this one row (put_head_row): kept with it, whatever `lookups` says
         self.head_keys.add((tenant, conversation_id))
         row = {
             "tenant": tenant,

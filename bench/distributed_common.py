@@ -252,13 +252,23 @@ class MemoryWatch(threading.Thread):
         that ended counted as last sampled (up to one interval short)."""
         self.sample()
         with self._lock:
-            return {name: sum(self.cpu_seen.get(name, {}).values()) for name in self.groups}
+            out = {name: sum(self.cpu_seen.get(name, {}).values()) for name in self.groups}
+        out[MACHINE] = machine_busy_seconds()
+        return out
 
     @staticmethod
     def cpu_report(before: dict[str, float], after: dict[str, float], wall: float) -> str:
         used = {name: after[name] - before.get(name, 0.0) for name in after}
+        machine = used.pop(MACHINE, None)
         parts = [f"{name} {sec:.1f} s ({sec / wall:.2f} cores)" for name, sec in used.items() if sec >= 0.05]
-        return f"CPU used over {wall:.1f} s (this machine has {os.cpu_count()} cores): " + "; ".join(parts)
+        line = f"CPU used over {wall:.1f} s (this machine has {os.cpu_count()} cores): " + "; ".join(parts)
+        if machine is not None:
+            rest = machine - sum(used.values())
+            line += (
+                f"; the whole machine busy {machine / wall:.2f} cores ({rest / wall:.2f} of them outside the "
+                "processes above: the kernel's own threads, anything else running)"
+            )
+        return line
 
     def report(self) -> str:
         self.sample()
@@ -274,6 +284,19 @@ class MemoryWatch(threading.Thread):
                 f"VmHWM {self.hwm.get(name, 0) / 1024:>7,.0f} MiB   PSS at the end {pss / 1024:>7,.0f} MiB"
             )
         return "\n".join(lines)
+
+
+MACHINE = "(the whole machine)"
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy since boot (/proc/stat: every state but idle
+    and iowait), over all its cores."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    busy = sum(fields[:8]) - idle  # user nice system idle iowait irq softirq steal (guest is in user)
+    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def watch_fleet(watch: MemoryWatch, fleet: Fleet, this_process: str | None = None) -> None:

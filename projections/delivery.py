@@ -282,11 +282,15 @@ class DeliveryProjection:
         return None if position <= m.head.get("position", 0) else m
 
     def _put_head(self, m: ConversationModel, w: ViewWriter, position: int) -> None:
-        """Every event of a conversation ends by writing its head, with its position."""
+        """Every event of a conversation ends by writing its head, with its position; what
+        the head is found by (its aggregate id, its size bucket) only when that changed: the
+        bucket (ADR-0049; the aggregate id is the creation's, written by `_created`)."""
+        bucket = self.params.size_bucket(len(m.members)).value
+        moved = m.head.get("size_bucket") != bucket
         m.head["member_count"] = len(m.members)
-        m.head["size_bucket"] = self.params.size_bucket(len(m.members)).value
+        m.head["size_bucket"] = bucket
         m.head["position"] = position
-        w.put_head(m.tenant, m.conversation_id, m.head)
+        w.put_head(m.tenant, m.conversation_id, m.head, lookups=moved)
 
     @_process.register
     def _joined(self, e: Conversation.MembersJoined, position: int, w: ViewWriter) -> None:

@@ -113,7 +113,10 @@ class ViewWriter(Protocol):
 
     def put_capacity(self, name: str, body: dict[str, Any]) -> None: ...
 
-    def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any]) -> None: ...
+    def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any], *, lookups: bool = True) -> None:
+        """The conversation's head. `lookups` False: what a head is found by (its aggregate
+        id, its tenant and size bucket) is as the views already hold it (ADR-0049); a store
+        keeping lookup rows apart from the head (Cassandra) need not write them again."""
 
     def heads_written(self) -> Iterable[tuple[str, str]]:
         """(tenant, conversation_id) of every head this unit put (its ViewsTracked names them)."""

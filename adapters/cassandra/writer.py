@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,6 @@ from adapters.cassandra.session_states import NO_SEQ, paired, session_cell
 from adapters.cassandra.stamps import stamp
 from projections.ports import MessageRefs
 from projections.rows import (
-    HEAD_COLUMNS,
     STATE_COLUMNS,
     DeliveryRecord,
     MessageRow,
@@ -159,6 +158,7 @@ class CassandraWriter:
         # check and fault-injection points); an exception there ends the commit.
         self.checkpoint: Callable[[str], None] | None = None
         self.heads: dict[tuple[str, str], tuple[tuple[Any, ...], int]] = {}  # (its cells, its bytes)
+        self.lookups: dict[tuple[str, str], tuple[str, str]] = {}  # -> (aggregate id, size bucket): ADR-0049
         # (its cells, a broadcast?, its bytes)
         self.messages: dict[tuple[str, str, int], tuple[tuple[Any, ...], bool, int]] = {}
         self.deliveries: dict[tuple[str, str, int], dict[str, Any]] = {}
@@ -215,10 +215,12 @@ class CassandraWriter:
     # writes anyway, and cheaper than the deep copies they replace (~30% of a worker's CPU on
     # small groups: docs/PERFORMANCE.md section 14).
 
-    def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any]) -> None:
+    def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any], *, lookups: bool = True) -> None:
         if "heads" in self.targets:
             text = f"{head.get('title') or ''}{head.get('preview') or ''}"
             self.heads[(tenant, conversation_id)] = (head_cells(head), ROW_BYTES + len(text.encode()))
+            if lookups:
+                self.lookups[(tenant, conversation_id)] = (str(head["aggregate_id"]), head["size_bucket"])
             self._from(tenant, conversation_id)
 
     def heads_written(self) -> Iterable[tuple[str, str]]:
@@ -381,18 +383,15 @@ class CassandraWriter:
         """The session heads' copy of each head put (ADR-0042; session_heads.py)."""
         return session_head_rows(self.heads.items(), statement_id, ts_of)
 
-    def head_lookups(self) -> Iterator[tuple[str, str, str, str]]:
-        """(tenant, conversation_id, aggregate id, size bucket) of each head put."""
-        for (t, c), (cells, _) in self.heads.items():
-            yield t, c, str(cells[_AGGREGATE_ID]), cells[_SIZE_BUCKET]
+    def head_lookups(self) -> list[tuple[str, str, str, str]]:
+        """(tenant, conversation_id, aggregate id, size bucket) of the heads put with their lookups (ADR-0049)."""
+        return [(t, c, aggregate_id, bucket) for (t, c), (aggregate_id, bucket) in self.lookups.items()]
 
 
 _DELIVERED = STATE_COLUMNS.index("delivered_conversation_seq")
 _SKIPPING = STATE_COLUMNS.index("skipping")
 _GAP_END = STATE_COLUMNS.index("gap_end")
 _SESSION = tuple(STATE_COLUMNS.index(c) for c in SESSION_STATE_COLUMNS)  # a state row's cells a login reads
-_AGGREGATE_ID = HEAD_COLUMNS.index("aggregate_id")
-_SIZE_BUCKET = HEAD_COLUMNS.index("size_bucket")
 
 
 def json_body(body: dict[str, Any]) -> dict[str, Any]:

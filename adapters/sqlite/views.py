@@ -193,7 +193,8 @@ class SqliteWriter:
     def heads_written(self) -> Iterable[tuple[str, str]]:
         return self.head_keys
 
-    def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any]) -> None:
+    def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any], *, lookups: bool = True) -> None:
+        # the lookups are indexes of this one row: written with it, whatever `lookups` says
         if "heads" not in self.targets:
             return
         self.head_keys.add((tenant, conversation_id))

@@ -94,7 +94,7 @@ class _NoHeadNoTracking(_NoTracking):
     in (mailbox, messages, delivery records, states, admin views, then heads, then
     tracking)."""
 
-    def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any]) -> None:
+    def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any], *, lookups: bool = True) -> None:
         pass
 
 

@@ -245,6 +245,22 @@ class ViewStoreContract:
         assert list(views.conversation_activity("zeta", "medium")) == []
         assert views.head(T, "a")["tenant"] == T and views.head(T, "a")["size_bucket"] == "large"
 
+    def test_a_head_put_without_its_lookups_is_still_found_by_them(self, views: Any) -> None:
+        """ADR-0049: `lookups=False` says the aggregate id and the size bucket are as the views
+        hold them; the head itself is written, and what it is found by stays right."""
+        with views.unit_of_work() as w:
+            w.put_head(T, "c", head("c"))
+        with views.unit_of_work() as w:
+            w.put_head(T, "c", head("c", latest=5, at=9.0), lookups=False)
+        assert views.head(T, "c")["latest_conversation_seq"] == 5
+        assert views.conversation_key(uuid.uuid5(uuid.NAMESPACE_URL, f"{T}/c")) == (T, "c")
+        assert views.heads_by_scope(T, "small") == ["c"]
+        with views.unit_of_work() as w:  # the bucket moves: put with its lookups
+            w.put_head(T, "c", {**head("c", latest=6), "size_bucket": "large"})
+            w.put_head(T, "c", {**head("c", latest=7), "size_bucket": "large"}, lookups=False)
+        assert views.heads_by_scope(T, "small") == [] and views.heads_by_scope(T, "large") == ["c"]
+        assert [c[:3] for c in views.conversation_activity(T)] == [(T, "c", "large")]
+
     def test_a_state_reads_as_its_row(self, views: Any) -> None:
         s = UserConversationState(read_conversation_seq=3, joined_seq=1, mention_seqs=[4, 6], skipping=True)
         with views.unit_of_work() as w:

@@ -40,7 +40,7 @@ class _LosesHeadsAndTracking:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._w, name)
 
-    def put_head(self, *args: Any) -> None:
+    def put_head(self, *args: Any, **kwargs: Any) -> None:
         pass
 
     def track(self, *args: Any) -> None:

@@ -108,3 +108,53 @@ def test_mention_only_materializes_the_sender_the_mentioned_and_the_active(log: 
     q = sessions(log, "quiet1")["g"]
     assert q["unread_count"] == 1 and q["unread_exact"] is False and q["delivered_conversation_seq"] == 0
     assert log.views.delivery(T, "g", 1)["mailbox_entries"] == 2
+
+
+class _HeadPuts:
+    """The unit's writer, recording each head put's bucket and whether it carried its lookups."""
+
+    def __init__(self, writer: object, puts: list[tuple[str, str, bool]]) -> None:
+        self._w, self.puts = writer, puts
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._w, name)
+
+    def put_head(self, tenant: str, conversation_id: str, head: dict[str, object], *, lookups: bool = True) -> None:
+        self.puts.append((conversation_id, str(head["size_bucket"]), lookups))
+        self._w.put_head(tenant, conversation_id, head, lookups=lookups)  # type: ignore[attr-defined]
+
+
+def test_a_head_carries_its_lookups_only_when_created_or_its_size_bucket_moves() -> None:
+    """ADR-0049: a send, a read, a join within the bucket put the head alone; the creation and
+    a membership change that moves the size bucket put it with its lookups, also when the
+    conversation's working set was reloaded from the views in between."""
+    params = Parameters(mailbox_shards=4, small_max_members=3)
+    log = ProjectionLog(params)
+    puts: list[tuple[str, str, bool]] = []
+
+    def unit(p: DeliveryProjection) -> None:
+        with log.views.unit_of_work() as w:
+            for position, event in log.events():
+                if type(event) in p.topics:
+                    p.process(event, position, _HeadPuts(w, puts))
+            p.flush(w)
+
+    p = DeliveryProjection(log.views, params)
+    log.app.create_conversation(T, "g", "G", ["a", "b"])
+    unit(p)
+    assert puts[0] == ("g", "small", True)  # created
+    assert all(bucket == "small" for _, bucket, _ in puts)
+    puts.clear()
+    log.app.send_message(T, "g", sender="a", text="hi")
+    log.app.mark_read(T, "g", "b", 1)
+    log.app.add_members(T, "g", ["c"])  # 3 members: still small
+    unit(p)
+    assert puts and not any(lookups for _, _, lookups in puts)
+    puts.clear()
+    p = DeliveryProjection(log.views, params)  # the working set reloaded from the views
+    log.app.send_message(T, "g", sender="b", text="again")
+    log.app.add_members(T, "g", ["d"])  # 4 members: medium
+    log.app.send_message(T, "g", sender="d", text="hello")
+    unit(p)
+    assert puts == [("g", "small", False), ("g", "medium", True), ("g", "medium", False)]
+    assert log.views.heads_by_scope(T, "medium") == ["g"] and log.views.heads_by_scope(T, "small") == []
