@@ -5,6 +5,7 @@ No SQLite, no disk, no runner."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from adapters.memory import MemoryViews
@@ -41,15 +42,23 @@ class ProjectionLog:
             self.read = notes[-1].id
         return [(n.id, self.app.mapper.to_domain_event(n)) for n in notes]
 
-    def apply(self, projection: Projection, events: list[tuple[int, Any]] | None = None) -> list[Any]:
+    def apply(
+        self,
+        projection: Projection,
+        events: list[tuple[int, Any]] | None = None,
+        *,
+        wrap: Callable[[Any], Any] | None = None,
+    ) -> list[Any]:
         """Fold events (default: the new ones) into the views in one unit of work, as a
-        host does: process each, flush, track; returns the effects."""
+        host does: process each, flush, track; returns the effects. `wrap`: what the
+        projection writes through, given the unit's writer (a test's recorder)."""
         events = self.events() if events is None else events
         effects: list[Any] = []
         with self.views.unit_of_work() as w:
+            seen = wrap(w) if wrap is not None else w
             for position, event in events:
                 if type(event) in projection.topics:
-                    effects.extend(projection.process(event, position, w))
+                    effects.extend(projection.process(event, position, seen))
             projection.flush(w)
             if events:
                 w.track(projection.name, events[-1][0])

@@ -133,11 +133,7 @@ def test_a_head_carries_its_lookups_only_when_created_or_its_size_bucket_moves()
     puts: list[tuple[str, str, bool]] = []
 
     def unit(p: DeliveryProjection) -> None:
-        with log.views.unit_of_work() as w:
-            for position, event in log.events():
-                if type(event) in p.topics:
-                    p.process(event, position, _HeadPuts(w, puts))
-            p.flush(w)
+        log.apply(p, wrap=lambda w: _HeadPuts(w, puts))
 
     p = DeliveryProjection(log.views, params)
     log.app.create_conversation(T, "g", "G", ["a", "b"])
