@@ -1,16 +1,18 @@
 """Cassandra backend of the mailbox (UserMailboxEntry), the O(N) write of a message.
 
-Partition (tenant, shard, hour), clustering (user_id, pos) (ADR-0038): `shard` is the
-member's MailboxShard among PARTITION_SHARDS (crc32, projections/sharding.py), `hour` the
-hour of the message's acceptance (`MessageRefs.at`, from the event: the same on every replay).
-Inside Cassandra each partition a batch touches is one mutation (~100 us of its CPU here), so
-a message to N members costs at most PARTITION_SHARDS mutations instead of N (PERFORMANCE.md
-section 19: 13-17 against 100-108 us of Cassandra CPU an entry). The hour bounds a partition
-(the rows of 1/PARTITION_SHARDS of a tenant's members for one hour). A unit of work's rows come
-out grouped by partition across its messages, in token order (ADR-0046: a unit of small
-messages costs a mutation per partition it touches, not one per entry), packed into UNLOGGED
-batches of BATCH_ROWS rows with up to IN_FLIGHT in the air: a large message's batches each
-touch one partition.
+Partition (shard, hour), clustering (tenant, user_id, pos) (ADR-0038, ADR-0050): `shard` is
+the member's MailboxShard among PARTITION_SHARDS (crc32 of the user id, projections/sharding.py),
+`hour` the hour of the message's acceptance (`MessageRefs.at`, from the event: the same on every
+replay). The partitions are the cluster's, shared by every tenant (ADR-0003's MailboxShard is a
+mailbox node's share, not a tenant's): inside Cassandra each partition a batch touches is one
+mutation (~100 us of its CPU here), so a message to N members costs at most PARTITION_SHARDS
+mutations instead of N (PERFORMANCE.md section 19: 13-17 against 100-108 us of Cassandra CPU an
+entry), and a unit of work's small messages cost about one mutation per partition they touch
+whatever tenants they belong to (ADR-0050; keyed by tenant hour, 300 tenants' entries each fell
+in a partition of its own). The hour bounds a partition (the rows of 1/PARTITION_SHARDS of all
+members for one hour). A unit of work's rows come out grouped by partition across its messages,
+in token order (ADR-0046), packed into UNLOGGED batches of BATCH_ROWS rows with up to IN_FLIGHT
+in the air: a large message's batches each touch one partition.
 
 `mailbox_hours` keeps each tenant hour's last position (the cell with the highest position
 wins: its write timestamp is the stamp of that position). A cursor read (`read`) lists the
@@ -24,7 +26,7 @@ from PostgreSQL's (fanout/clock_guard.py, ADR-0041).
 Every row is an upsert of the same key with the same values and the same write timestamp (the
 message's log position, adapters/cassandra/stamps.py), so writing the same refs again changes
 nothing. docs/adr/0014-cassandra-data-model.md, docs/adr/0038-mailbox-partitions-by-shard.md,
-docs/adr/0046-mailbox-rows-grouped-across-a-unit.md."""
+docs/adr/0046-mailbox-rows-grouped-across-a-unit.md, docs/adr/0050-mailbox-partitions-shared-by-tenants.md."""
 
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ from projections.ports import MailboxEntry, MessageRefs
 
 BATCH_ROWS = 100  # rows per UNLOGGED batch (100 x ~60 bytes: far below the 64 KiB size warning)
 IN_FLIGHT = 200  # batches in the air at once
-PARTITION_SHARDS = 1024  # partitions of a tenant's hour (ADR-0038; measured against 256: section 19)
+PARTITION_SHARDS = 1024  # partitions of an hour, every tenant's (ADR-0038, ADR-0050; measured against 256: section 19)
 HOUR = 3600.0  # seconds of a partition's hour
 MARGIN = 2  # hours a cursor read reads past what it returns (clock skew between replicas)
 READ_WINDOW = 32  # hours a cursor read reads in one request (`hour IN`)
@@ -119,22 +121,23 @@ _SHARD_KEYS = [key_component(v) for v in _SHARD_VALUES]
 
 
 class _Hour:
-    """The partitions of a tenant's hour: for each partition shard used, the head of its insert
-    statements (lead, tenant, shard, hour), its routing key and its Murmur3 token, built when
-    first used (ADR-0046)."""
+    """A tenant's rows in the partitions of an hour: for each partition shard used, the head of
+    the tenant's insert statements there (lead, tenant, shard, hour), the partition's routing
+    key (shard, hour: every tenant's, ADR-0050) and its Murmur3 token, built when first used
+    (ADR-0046)."""
 
-    __slots__ = ("head", "hour_cell", "key_hour", "key_tenant", "parts")
+    __slots__ = ("head", "hour_cell", "key_hour", "parts")
 
     def __init__(self, query_id: bytes, tenant: str, hour: int) -> None:
-        t, h = tenant.encode(), _BIGINT.pack(hour)
-        self.head, self.hour_cell = prefix(query_id, 7) + cell(t), cell(h)
-        self.key_tenant, self.key_hour = key_component(t), key_component(h)
+        h = _BIGINT.pack(hour)
+        self.head, self.hour_cell = prefix(query_id, 7) + cell(tenant.encode()), cell(h)
+        self.key_hour = key_component(h)
         self.parts: dict[int, tuple[bytes, bytes, int]] = {}
 
     def part(self, p: int) -> tuple[bytes, bytes, int]:
         got = self.parts.get(p)
         if got is None:
-            key = self.key_tenant + _SHARD_KEYS[p] + self.key_hour
+            key = _SHARD_KEYS[p] + self.key_hour
             got = self.parts[p] = (self.head + _SHARD_CELLS[p] + self.hour_cell, key, murmur3(key))
         return got
 
@@ -153,7 +156,7 @@ class CassandraMailbox:
         self.statements = Statements.prepare(session, ks)
         self._read: PreparedStatement = session.prepare(
             f"SELECT pos, ref FROM {ks}.mailbox "
-            "WHERE tenant=? AND shard=? AND hour IN ? AND user_id=? AND pos>? AND pos<=? PER PARTITION LIMIT ?"
+            "WHERE shard=? AND hour IN ? AND tenant=? AND user_id=? AND pos>? AND pos<=? PER PARTITION LIMIT ?"
         )  # one request for a window of hours: each hour (partition) gives its first `limit` rows
         self._hours: PreparedStatement = session.prepare(
             f"SELECT hour, last_pos FROM {ks}.mailbox_hours WHERE tenant=? ORDER BY hour DESC"
@@ -264,7 +267,7 @@ class CassandraMailbox:
                     add((token, key, joined(head, tail, run), len(run)))
 
     def _hour(self, query_id: bytes, tenant: str, hour: int) -> _Hour:
-        """A tenant's hour's partitions (`_Hour`), kept for the HOURS_KEPT hours last used."""
+        """A tenant's rows in an hour's partitions (`_Hour`), kept for the HOURS_KEPT last used."""
         key = (query_id, tenant, hour)
         got = self._hours_kept.get(key)
         if got is None:
@@ -356,7 +359,7 @@ class CassandraMailbox:
         for i in range(0, len(hours), step):
             window = hours[i : i + step]
             rows = self.session.execute(
-                self._read, (tenant, shard, window, user_id, after, until, limit), execution_profile=TUPLE_ROWS
+                self._read, (shard, window, tenant, user_id, after, until, limit), execution_profile=TUPLE_ROWS
             )
             found.extend(rows)
             if i + step >= len(hours):

@@ -82,17 +82,18 @@ TABLES: tuple[str, ...] = (
     PRIMARY KEY (partition)) WITH ID = {id}""",
 )
 
-# The mailbox (ADR-0038): a partition per (tenant, MailboxShard of the member, hour of the
-# message), so a message to N members is at most PARTITION_SHARDS mutations inside Cassandra
-# instead of N; `mailbox_hours` holds each tenant hour's last position, which a cursor read
-# walks (adapters/cassandra/mailbox.py). An entry's conversation seq, flags and conversation
-# are one cell, `ref` (ADR-0040: Cassandra's CPU an entry is paid per cell).
+# The mailbox (ADR-0038, ADR-0050): a partition per (MailboxShard of the member, hour of the
+# message), shared by every tenant, so a message to N members is at most PARTITION_SHARDS
+# mutations inside Cassandra instead of N, and a unit of small messages of many tenants about
+# one a partition it touches; `mailbox_hours` holds each tenant hour's last position, which a
+# cursor read walks (adapters/cassandra/mailbox.py). An entry's conversation seq, flags and
+# conversation are one cell, `ref` (ADR-0040: Cassandra's CPU an entry is paid per cell).
 MAILBOX_TABLE = """
 CREATE TABLE IF NOT EXISTS {ks}.mailbox (
     tenant text, shard int, hour bigint, user_id text, pos bigint,
     ref blob,
-    PRIMARY KEY ((tenant, shard, hour), user_id, pos)
-) WITH CLUSTERING ORDER BY (user_id ASC, pos ASC) AND ID = {id}"""
+    PRIMARY KEY ((shard, hour), tenant, user_id, pos)
+) WITH CLUSTERING ORDER BY (tenant ASC, user_id ASC, pos ASC) AND ID = {id}"""
 
 MAILBOX_HOURS_TABLE = """
 CREATE TABLE IF NOT EXISTS {ks}.mailbox_hours (
@@ -137,30 +138,44 @@ def tables_by_name(tables: Sequence[str]) -> Iterator[tuple[str, str]]:
 
 
 class OldMailboxLayout(StoreLayoutError):
-    """The keyspace's mailbox table has a layout before this code's (ADR-0038, ADR-0040)."""
+    """The keyspace's mailbox table has a layout before this code's (ADR-0038, ADR-0040, ADR-0050)."""
+
+
+# (what a layout before this code's lacks, what it was, the ADR that changed it), oldest first
+_OLD_LAYOUTS = (
+    ("shard", "before ADR-0038 (a partition per member)", "0038-mailbox-partitions-by-shard.md"),
+    ("ref", "before ADR-0040 (an entry in three cells)", "0040-mailbox-entry-in-one-cell.md"),
+    (
+        "tenant clustering",
+        "before ADR-0050 (a partition per tenant hour)",
+        "0050-mailbox-partitions-shared-by-tenants.md",
+    ),
+)
 
 
 def refuse_old_mailbox(session: Session, keyspace: str) -> None:
     """A keyspace made before ADR-0038 has a `mailbox` table keyed (tenant, user_id); one made
-    before ADR-0040 has its entry in three cells, not in `ref`: CREATE ... IF NOT EXISTS would
-    keep it and every write would fail on its missing columns, or its entries would be read as
-    absent. Refused with what to do instead."""
+    before ADR-0040 has its entry in three cells, not in `ref`; one made before ADR-0050 has the
+    tenant in the partition key: CREATE ... IF NOT EXISTS would keep it and every write would
+    fail on its missing columns, or its entries would be read as absent. Refused with what to
+    do instead."""
     rows = session.execute(
-        "SELECT column_name FROM system_schema.columns WHERE keyspace_name=%s AND table_name='mailbox'", (keyspace,)
+        "SELECT column_name, kind FROM system_schema.columns WHERE keyspace_name=%s AND table_name='mailbox'",
+        (keyspace,),
     )
-    columns = {r["column_name"] if isinstance(r, dict) else r[0] for r in rows}
-    if not columns or {"shard", "ref"} <= columns:
+    columns = {
+        (r["column_name"], r["kind"]) if isinstance(r, dict) else (r[0], r[1]) for r in rows
+    }  # (name, kind): kind is partition_key, clustering or regular
+    if not columns:
         return
-    layout, adr = (
-        ("before ADR-0038 (a partition per member)", "0038-mailbox-partitions-by-shard.md")
-        if "shard" not in columns
-        else ("before ADR-0040 (an entry in three cells)", "0040-mailbox-entry-in-one-cell.md")
-    )
-    raise OldMailboxLayout(
-        f"Cassandra keyspace {keyspace} holds the mailbox table of the layout {layout}. Point FANOUT_VIEWS "
-        "at a new keyspace and let the workers build the views from the log (or `fanout rebuild all` "
-        f"there), then drop this one: docs/adr/{adr}"
-    )
+    has = {name for name, _ in columns} | {f"{name} {kind}" for name, kind in columns}
+    for lacks, layout, adr in _OLD_LAYOUTS:
+        if lacks not in has:
+            raise OldMailboxLayout(
+                f"Cassandra keyspace {keyspace} holds the mailbox table of the layout {layout}. Point FANOUT_VIEWS "
+                "at a new keyspace and let the workers build the views from the log (or `fanout rebuild all` "
+                f"there), then drop this one: docs/adr/{adr}"
+            )
 
 
 def create_schema(session: Session, keyspace: str, replication: int, datacenter: str, tables: Sequence[str]) -> None:

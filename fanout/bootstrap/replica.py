@@ -14,7 +14,7 @@ from fanout.distributed import DistributedRuntime
 from fanout.rereview import MailboxMeter
 from fanout.urls import CassandraSettings, cassandra_settings, kafka_settings, postgres_env
 from projections.head_cache import HeadCache
-from projections.ports import ViewStore
+from projections.ports import StoreLayoutError, ViewStore
 from streams.routing import conversation_partition
 
 if TYPE_CHECKING:  # the engines' clients are imported when the runtime is built
@@ -62,6 +62,8 @@ def bootstrap_distributed(
             views = built = open_cassandra_views(cassandra, partitions=kafka.partitions)
             if cassandra.head_cache > 0:  # ADR-0035: the heads the logins read, kept while the workers say they hold
                 views.head_cache = head_cache = HeadCache(kafka.partitions, capacity=cassandra.head_cache)
+        except StoreLayoutError:
+            raise  # Cassandra is there; its keyspace is of another layout: the error says what to do
         except Exception as exc:
             where = f"cassandra://{','.join(cassandra.hosts)}:{cassandra.port}/{cassandra.keyspace}"
             first = (str(exc).strip().splitlines() or [""])[0][:300]

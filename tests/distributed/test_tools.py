@@ -268,6 +268,11 @@ OLD_MAILBOX_LAYOUTS = {
         "INSERT INTO {ks}.mailbox (tenant, shard, hour, user_id, pos, conversation_seq, conversation_id, flags) "
         "VALUES ('acme', 7, 480000, 'a', 1, 1, 'g', 0)",
     ),
+    "ADR-0050": (  # before it: a partition per tenant hour
+        "CREATE TABLE {ks}.mailbox (tenant text, shard int, hour bigint, user_id text, pos bigint, ref blob, "
+        "PRIMARY KEY ((tenant, shard, hour), user_id, pos))",
+        "INSERT INTO {ks}.mailbox (tenant, shard, hour, user_id, pos, ref) VALUES ('acme', 7, 480000, 'a', 1, 0x00)",
+    ),
 }
 
 

@@ -185,8 +185,8 @@ def test_the_mailbox_rows_are_each_members_insert_once_routed_by_its_partition(
     for part in parts:
         statements = parse(part.body)
         assert len(statements) == part.rows <= BATCH_ROWS
-        t, shard, h = statements[0][1][:3]
-        assert part.key == routing_key((t, shard, h))
+        shard, h = statements[0][1][1:3]
+        assert part.key == routing_key((shard, h))  # the partition: (shard, hour), every tenant's (ADR-0050)
         for qid, values in statements:
             assert qid == QUERY_ID and len(values) == 7
             t, shard, h, user, p, entry, ts = values
@@ -219,7 +219,8 @@ def test_a_units_mailbox_rows_are_grouped_by_partition_across_its_messages(
     """ADR-0046: the rows of a unit's messages (tenants, hours, members overlapping) come out
     with each member's insert once per message, each part at most BATCH_ROWS statements routed
     by its first statement's partition, the parts in token order, and each partition's
-    statements consecutive (one batch, one mutation, unless a part boundary falls inside)."""
+    statements consecutive (one batch, one mutation, unless a part boundary falls inside),
+    whatever tenants they belong to: a partition is (shard, hour), every tenant's (ADR-0050)."""
     from cassandra.murmur3 import murmur3
 
     from adapters.cassandra.batches import routing_key
@@ -247,9 +248,9 @@ def test_a_units_mailbox_rows_are_grouped_by_partition_across_its_messages(
     for part in parts:
         statements = parse(part.body)
         assert len(statements) == part.rows <= BATCH_ROWS
-        assert part.key == routing_key(tuple(statements[0][1][:3]))
+        assert part.key == routing_key(tuple(statements[0][1][1:3]))
         for _, (t, shard, h, user, p, _, _) in statements:
-            order.append(routing_key((t, shard, h)))
+            order.append(routing_key((shard, h)))
             seen.setdefault((t, h, user), []).append(struct.unpack(">q", p)[0])
     tokens = [murmur3(k) for k in order]
     assert tokens == sorted(tokens)
