@@ -299,6 +299,28 @@ def machine_busy_seconds() -> float:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
+def cassandra_writes(session: Any, keyspace: str) -> dict[str, int]:
+    """Each table of `keyspace` -> the partition updates Cassandra applied to it so far
+    (`system_views.local_write_latency`'s count: one a table a mutation touches; the node the
+    session's query lands on only, so a single node's whole count)."""
+    rows = session.execute(
+        "SELECT table_name, count FROM system_views.local_write_latency WHERE keyspace_name=%s", (keyspace,)
+    )
+    return {
+        (r["table_name"] if isinstance(r, dict) else r[0]): int(r["count"] if isinstance(r, dict) else r[1])
+        for r in rows
+    }
+
+
+def writes_report(before: dict[str, int], after: dict[str, int], messages: int) -> str:
+    """Cassandra's writes a message by table between two `cassandra_writes`, largest first."""
+    moved = {t: after[t] - before.get(t, 0) for t in after if after[t] > before.get(t, 0)}
+    parts = [f"{t} {n / messages:.2f}" for t, n in sorted(moved.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return "Cassandra's writes a message by table (partition updates, system_views.local_write_latency): " + (
+        "; ".join(parts) or "none"
+    )
+
+
 def watch_fleet(watch: MemoryWatch, fleet: Fleet, this_process: str | None = None) -> None:
     """The fleet's processes, this process (named `this_process`) and the three engines."""
     for name, proc in fleet.procs.items():

@@ -67,10 +67,12 @@ from distributed_common import (  # noqa: E402
     Fleet,
     MemoryWatch,
     Namespace,
+    cassandra_writes,
     exit_on_sigterm,
     proc_status,
     wait_workers,
     watch_fleet,
+    writes_report,
 )
 from group_members import add_users_option  # noqa: E402
 from group_members import member as group_member  # noqa: E402
@@ -205,7 +207,9 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--restart-worker", action="store_true", help="after the run, stop worker-1 (SIGTERM), start "
                     "it again in the same consumer group and time one more send through it (ADR-0044)")  # fmt: skip
-    ap.add_argument("--relay-args", default="", help="more arguments for `fanout relay` (e.g. '--commit-interval-ms 50')")
+    ap.add_argument(
+        "--relay-args", default="", help="more arguments for `fanout relay` (e.g. '--commit-interval-ms 50')"
+    )
     ap.add_argument("--worker-args", default="", help="more arguments for each `fanout worker` (e.g. '--within 0.1')")
     args = ap.parse_args()
 
@@ -252,6 +256,7 @@ def main() -> int:
         if args.pause_workers:
             for w in workers:
                 os.kill(w.pid, signal.SIGSTOP)
+        writes0 = cassandra_writes(rt.views.session, rt.views.keyspace)
         cpu0, c0 = watch.cpu(), time.time()
         lags: list[tuple[float, int]] = []  # (time, log position - views' position) while the replicas send
         sending = threading.Event()
@@ -276,6 +281,7 @@ def main() -> int:
         rt.wait_until(last, 3600)
         projected = time.time()
         cpu1 = watch.cpu()
+        writes1 = cassandra_writes(rt.views.session, rt.views.keyspace)
         n = len(latencies)
         refused: dict[str, int] = {}
         for d in done:
@@ -298,6 +304,7 @@ def main() -> int:
                   f"{n / (projected - start):,.0f} messages/s = {n * args.members / (projected - start):,.0f} "
                   "entries/s from the first send to the views holding the last", flush=True)  # fmt: skip
             print("  " + watch.cpu_report(cpu0, cpu1, projected - c0), flush=True)
+        print("  " + writes_report(writes0, writes1, n), flush=True)
         if lags:
             half = len(lags) // 2
             first_half = [lag for _, lag in lags[:half]] or [0]
