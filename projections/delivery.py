@@ -245,7 +245,8 @@ class DeliveryProjection:
         if existing is None and key not in self.absent:
             existing = self._load(key)
         if existing is not None and existing.head.get("position", 0) >= position:
-            return  # applied before (at-least-once delivery): its views are already written
+            self._put_again(existing, w)  # applied before (at-least-once delivery): written, but see _put_again
+            return
         self.absent.discard(key)
         head = {
             "conversation_id": e.conversation_id,
@@ -266,7 +267,7 @@ class DeliveryProjection:
         self.ids[e.originator_id] = (e.tenant, e.conversation_id)
         w.put_head(e.tenant, e.conversation_id, head)
 
-    def _conv(self, e: Any, position: int) -> ConversationModel | None:
+    def _conv(self, e: Any, position: int, w: ViewWriter) -> ConversationModel | None:
         """The conversation's working set, or None when this event was applied before:
         its head records the position of the last event applied to it, so a replay
         (at-least-once delivery, or a unit of work whose views committed but whose
@@ -279,7 +280,18 @@ class DeliveryProjection:
             key = known if known is not None else self.store.conversation_key(e.originator_id)
             self.ids[e.originator_id] = key
         m = self.model(*key)
-        return None if position <= m.head.get("position", 0) else m
+        if position <= m.head.get("position", 0):
+            self._put_again(m, w)
+            return None
+        return m
+
+    def _put_again(self, m: ConversationModel, w: ViewWriter) -> None:
+        """An event applied before is replayed: the unit that applied it wrote its head, but a
+        store that commits in rounds may have lost what it writes after the heads (Cassandra's
+        session heads' copy, ADR-0042) with the tracking. The head is put again as the views
+        hold it (its position unchanged), so whatever a store derives from a head put is
+        written again; everything else of the event is already there (ADR-0051)."""
+        w.put_head(m.tenant, m.conversation_id, m.head, lookups=False)
 
     def _put_head(self, m: ConversationModel, w: ViewWriter, position: int) -> None:
         """Every event of a conversation ends by writing its head, with its position; what
@@ -294,7 +306,7 @@ class DeliveryProjection:
 
     @_process.register
     def _joined(self, e: Conversation.MembersJoined, position: int, w: ViewWriter) -> None:
-        m = self._conv(e, position)
+        m = self._conv(e, position, w)
         if m is None:
             return
         base = m.broadcasts_upto(e.at_seq)
@@ -311,7 +323,7 @@ class DeliveryProjection:
 
     @_process.register
     def _left(self, e: Conversation.MemberLeft, position: int, w: ViewWriter) -> None:
-        m = self._conv(e, position)
+        m = self._conv(e, position, w)
         if m is None:
             return
         if m.members.pop(e.user_id, None) is not None:
@@ -323,7 +335,7 @@ class DeliveryProjection:
 
     @_process.register
     def _sent(self, e: Conversation.MessageSent, position: int, w: ViewWriter) -> list[Delivered]:
-        m = self._conv(e, position)
+        m = self._conv(e, position, w)
         if m is None:
             return []
         tenant, cid, seq = m.tenant, m.conversation_id, e.seq
@@ -464,7 +476,7 @@ class DeliveryProjection:
 
     @_process.register
     def _read(self, e: Conversation.ReadMarked, position: int, w: ViewWriter) -> None:
-        m = self._conv(e, position)
+        m = self._conv(e, position, w)
         if m is None:
             return
         s = m.members.get(e.user_id)
@@ -484,7 +496,7 @@ class DeliveryProjection:
         activity here: the activity a read is reaches the views (and the Conversation
         aggregate, at the same log position) as Conversation.MembersActive, so the views'
         last_active, which materializes mention_only messages, stays the aggregate's."""
-        m = self._conv(e, position)
+        m = self._conv(e, position, w)
         if m is None:
             return
         s = m.members.get(e.user_id)
@@ -496,7 +508,7 @@ class DeliveryProjection:
 
     @_process.register
     def _members_active(self, e: Conversation.MembersActive, position: int, w: ViewWriter) -> None:
-        m = self._conv(e, position)
+        m = self._conv(e, position, w)
         if m is None:
             return
         changed = []
@@ -511,7 +523,7 @@ class DeliveryProjection:
 
     @_process.register
     def _rebuild(self, e: Conversation.RebuildRequested, position: int, w: ViewWriter) -> None:
-        m = self._conv(e, position)
+        m = self._conv(e, position, w)
         if m is None:
             return
         s = m.members.get(e.user_id)
@@ -527,7 +539,7 @@ class DeliveryProjection:
 
     @_process.register
     def _policy(self, e: Conversation.WritePolicyChanged, position: int, w: ViewWriter) -> None:
-        m = self._conv(e, position)
+        m = self._conv(e, position, w)
         if m is None:
             return
         m.head["write_policy"] = e.to_policy

@@ -254,3 +254,11 @@ class TestCassandraViewsReplay(OnCassandra, ProjectionReplayContract, CommitInRo
     (the reference is built, and snapshotted, before any split point's store)."""
 
     COMMIT_STEPS = ("mailbox", "rows", "heads", "session_heads", "tracking")  # adapters/cassandra/views.py _commit
+
+    @classmethod
+    def make(cls, path: Path) -> ViewStore:
+        """A login reads every head from the session heads' copy (ADR-0042; by default only
+        from 500 heads on): a copy left behind its head by a crash shows in the session lists."""
+        views = super().make(path)
+        views.copy_read_from = 1  # type: ignore[attr-defined]
+        return views
