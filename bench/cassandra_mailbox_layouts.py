@@ -35,16 +35,22 @@ from cassandra.query import BatchStatement, BatchType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from distributed_common import cpu_seconds, engine_pid, until_idle  # noqa: E402
+
 from adapters.cassandra.batches import routing_key  # noqa: E402
 
-ENGINES_DIR = Path(os.environ.get("FANOUT_ENGINES_DIR", "/tmp/fanout-engines"))
 _Q, _I = struct.Struct(">q"), struct.Struct(">i")
 
 
+def cassandra_pid() -> int:
+    pid = engine_pid("cassandra")
+    if pid is None:
+        raise SystemExit("no Cassandra of the engines here: start them first (make engines-up)")
+    return pid
+
+
 def cassandra_cpu() -> float:
-    pid = int((ENGINES_DIR / "cassandra" / "cassandra.pid").read_text().split()[0])
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu_seconds(cassandra_pid())
 
 
 def table(session: Session, ks: str, layout: str, row: str = "cells", options: str = "") -> str:
@@ -126,14 +132,7 @@ def measure(
         execute_concurrent(session, work, concurrency=a.in_flight, raise_on_first_error=True)
         took, cpu = time.perf_counter() - t0, cassandra_cpu() - cpu0
         if a.settle:  # the flushes and compactions the writes set off, until Cassandra idles
-            last = cassandra_cpu()
-            for _ in range(180):
-                time.sleep(1.0)
-                now = cassandra_cpu()
-                if now - last < 0.05:
-                    break
-                last = now
-            cpu = last - cpu0
+            cpu = until_idle(cassandra_pid(), 0.05) - cpu0
         return rows / took, cpu / rows * 1e6, len(work)
     finally:
         session.execute(f"DROP KEYSPACE {ks}", timeout=120)

@@ -19,7 +19,7 @@ it idles after the writes, so flushes in) is what the parts left out cost. The `
 variants write two layouts that are not the project's, one table less in each mutation (the
 message's row with its delivery record; the user's state as one blob with the mailbox floor a
 static cell), to price a table inside a mutation. The variants alternate --rounds times; the
-node's PARTITION_SHARDS is the project's (adapters/cassandra/mailbox.py).
+node's mailbox shards are the project's (`partition_shard`, adapters/cassandra/mailbox.py).
 
 Not the worker: values are bound by the driver (no packed batches) and nothing is folded;
 this measures the node only. Assumes nothing else runs (the node's CPU is read whole), and a
@@ -38,7 +38,6 @@ import statistics
 import sys
 import time
 import uuid
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,10 +48,13 @@ from cassandra.query import BatchStatement, BatchType, PreparedStatement
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from adapters.cassandra.mailbox import PARTITION_SHARDS  # noqa: E402
+from distributed_common import cpu_seconds, engine_pid, until_idle  # noqa: E402
+
+from adapters.cassandra.mailbox import partition_shard  # noqa: E402
 from adapters.cassandra.schema import ALL_TABLES, create_schema  # noqa: E402
 
 PORT = int(os.environ.get("FANOUT_ENGINES_CASSANDRA_PORT", "19042"))
+IDLE = 0.08  # CPU seconds in a second under which the node counts as idle (flushes done)
 STATE = "read_conversation_seq, joined_seq, last_active, delivered_conversation_seq, skipping, gap_end, rebuilt_seq, mention_seqs, broadcast_base"
 TABLE_SETS = {
     "mailbox": ("mailbox",),
@@ -81,25 +83,10 @@ VARIANTS = {
 
 
 def cassandra_pid() -> int:
-    out = os.popen("pgrep -f CassandraDaemon").read().split()
-    if not out:
-        raise SystemExit("no Cassandra process here: start the engines first (make engines-up)")
-    return int(out[0])
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def settle(pid: int, idle_cores: float = 0.08, step: float = 1.0, longest: float = 30.0) -> None:
-    """Wait until the node uses under `idle_cores` over a `step` (flushes done)."""
-    end = time.monotonic() + longest
-    while time.monotonic() < end:
-        before = cpu_seconds(pid)
-        time.sleep(step)
-        if cpu_seconds(pid) - before < idle_cores * step:
-            return
+    pid = engine_pid("cassandra")
+    if pid is None:
+        raise SystemExit("no Cassandra of the engines here: start them first (make engines-up)")
+    return pid
 
 
 class Statements:
@@ -178,7 +165,7 @@ def message_rows(st: Statements, n: int, members: int, users: int, groups: int) 
         "mailbox": [
             (st.mailbox, (tenant, s, hour, m, n, ref), ("m", str(s), str(hour)))
             for m in group
-            for s in (zlib.crc32(m.encode()) % PARTITION_SHARDS,)
+            for s in (partition_shard(m.encode()),)
         ],
         "messages": [(st.messages, (tenant, conv, seq, *message), c)],
         "delivery": [(st.delivery, (tenant, conv, seq, f"m{n}", *delivery), c)],
@@ -217,15 +204,14 @@ def run(
                 if table in tables:
                     (b if rows[0][2][0] == "c" else a).extend(rows)
         units.append((list(batches(a, args.batch_rows)), list(batches(b, args.batch_rows))))
-    settle(pid)
+    until_idle(pid, IDLE, steps=30)
     c0, t0 = cpu_seconds(pid), time.monotonic()
     for round_a, round_b in units:
         for rnd in (round_a, round_b):
             if rnd:
                 execute_concurrent(session, rnd, concurrency=len(rnd), raise_on_first_error=True)
     wall = time.monotonic() - t0
-    settle(pid)
-    return (cpu_seconds(pid) - c0) * 1e6 / args.messages, args.messages / wall
+    return (until_idle(pid, IDLE, steps=30) - c0) * 1e6 / args.messages, args.messages / wall
 
 
 def main() -> None:

@@ -183,6 +183,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def until_idle(pid: int, below: float, step: float = 1.0, steps: int = 180) -> float:
+    """Wait until a process uses under `below` CPU seconds in a `step` (an engine's flushes and
+    compactions done), at most `steps` steps; returns its CPU seconds when the quiet step began
+    (the quiet step itself not counted)."""
+    last = cpu_seconds(pid)
+    for _ in range(steps):
+        time.sleep(step)
+        now = cpu_seconds(pid)
+        if now - last < below:
+            break
+        last = now
+    return last
+
+
 def pss_kib(pid: int) -> int:
     """Proportional set size (shared pages divided among their processes), 0 if unknown."""
     try:
