@@ -44,6 +44,19 @@ def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=500, help="events taken per batch (default 500)")
     p.add_argument("--within", type=float, default=0.05, help="seconds a batch waits for more events (default 0.05)")
     p.add_argument(
+        "--unit-events",
+        type=int,
+        default=4000,
+        help="events one unit of work may gather from full batches while the log is ahead of the worker "
+        "(default 4000; the --batch size turns it off)",
+    )
+    p.add_argument(
+        "--gather-for",
+        type=float,
+        default=1.0,
+        help="seconds a unit may spend gathering full batches (default 1.0)",
+    )
+    p.add_argument(
         "--session-timeout",
         type=float,
         default=10.0,
@@ -110,6 +123,8 @@ def cmd_worker(args: argparse.Namespace, settings: Any = None, data_dir: Path | 
         web_port=args.web_port,
         batch=args.batch,
         within=args.within,
+        unit_events=args.unit_events,
+        gather_for=args.gather_for,
         session_timeout=args.session_timeout,
     )
     process = bootstrap_worker(env, params, options, data)

@@ -2,11 +2,14 @@
 the event topic the relay writes (`streams/records.py`) to the projection host
 (`streams/host.py`, the same unit of work as the embedded runtime's and the rebuild's).
 
-* **One unit of work per take.** The agent takes up to `batch` events within `within` seconds
-  (`stream.take_events`), groups them by Kafka partition and hands them to the host in a
-  single-thread executor (`loop.run_in_executor`): the Faust event loop never waits on a view
-  store, and the units of one worker never overlap (the view stores are not required to take
-  concurrent units from one process).
+* **One unit of work per take, larger when behind.** The agent takes up to `batch` events
+  within `within` seconds (`stream.take_events`), groups them by Kafka partition and hands
+  them to the host in a single-thread executor (`loop.run_in_executor`): the Faust event loop
+  never waits on a view store, and the units of one worker never overlap (the view stores are
+  not required to take concurrent units from one process). While takes come back full (the
+  log is ahead of the worker) it gathers several into one unit, up to `unit_events` events or
+  `gather_for` seconds, holding their acks until the unit has committed (`gathers_more`,
+  ADR-0052).
 * **Idempotence by tracking, not by Kafka offsets** (the host's). The consumer commits each
   partition's highest acked offset + 1 (`streams/read_committed.py`, ADR-0044), acked after the
   take is handled, so the group's committed offsets follow the views and a restarted worker is
@@ -153,12 +156,6 @@ class Applier:
 # -- Faust ------------------------------------------------------------------------------
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass(frozen=True)
 class WorkerSettings:
     brokers: str  # host:port[,host:port]
@@ -171,6 +168,8 @@ class WorkerSettings:
     datadir: Path | None = None  # Faust's data dir (nothing durable is kept there); default a temp dir
     batch: int = 500  # events per take
     within: float = 0.05  # seconds a take waits for more
+    unit_events: int = 4000  # events a unit may gather from full takes while the log is behind (ADR-0052)
+    gather_for: float = 1.0  # seconds a unit may spend gathering them
     session_timeout: float = 10.0  # a dead worker's partitions move after this
     heartbeat: float = 1.0
     max_entries_per_commit: int = 200_000
@@ -178,6 +177,22 @@ class WorkerSettings:
     @property
     def group(self) -> str:
         return self.app_id or f"fanout-worker.{self.topic}"
+
+
+def gathers_more(took: int, gathered: int, waited: float, settings: WorkerSettings) -> bool:
+    """Whether the agent takes another take into the unit it is gathering (ADR-0052): only
+    when the last take came back full (the log is behind this worker: more events were
+    waiting), the unit is under `unit_events` and it has gathered for under `gather_for`
+    seconds. A worker that keeps up applies each take as it comes (no added latency); one that
+    falls behind applies fewer, larger units, and a unit's cost in Cassandra grows slower than
+    its events (its mailbox partitions, a conversation's and a user's rows are written once)."""
+    return took >= settings.batch and gathered + settings.batch <= settings.unit_events and waited < settings.gather_for
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def _publish_then(
@@ -295,11 +310,23 @@ class ProjectionWorker:
         self.heartbeat()
 
     async def _agent(self, stream: Any) -> None:
+        gathered: list[Any] = []  # the events of the unit being gathered, their acks held (ADR-0052)
+        started = 0.0
         async for events in stream.take_events(self.settings.batch, within=self.settings.within):
+            if not gathered:
+                started = time.monotonic()
+            gathered.extend(events)
+            if gathers_more(len(events), len(gathered), time.monotonic() - started, self.settings):
+                for e in events:  # take_events acks them when the next take starts: not before they apply
+                    e.message.incref()
+                continue
+            unit, gathered = gathered, []
             by_partition = group_by_partition(
-                (e.message.partition, e.message.headers, e.message.value, e.message.offset) for e in events
+                (e.message.partition, e.message.headers, e.message.value, e.message.offset) for e in unit
             )
             await self.applier.apply(by_partition)
+            for e in unit[: len(unit) - len(events)]:  # the held ones; take_events acks the last take's
+                await stream.ack(e)
 
     def _ours(self, tps: Iterable[Any]) -> set[int]:
         return {tp.partition for tp in tps if tp.topic == self.settings.topic}

@@ -44,6 +44,8 @@ class WorkerOptions:
     web_port: int = 0
     batch: int = 500
     within: float = 0.05
+    unit_events: int = 4000  # ADR-0052
+    gather_for: float = 1.0
     session_timeout: float = 10.0
 
 
@@ -202,6 +204,8 @@ def bootstrap_worker(
                     datadir=faust_dir,
                     batch=options.batch,
                     within=options.within,
+                    unit_events=options.unit_events,
+                    gather_for=options.gather_for,
                     session_timeout=options.session_timeout,
                 ),
                 views,

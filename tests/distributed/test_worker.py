@@ -504,6 +504,102 @@ def test_the_committed_offsets_keep_up_and_a_restarted_worker_reads_nothing_agai
     assert stopped and stopped[-1].endswith(", 0 redelivered skipped"), worker.output()[-3000:]
 
 
+# -- ADR-0052: a worker behind gathers full takes into one unit, holding their acks ------------
+
+
+def stop_line(worker: WorkerProcess) -> tuple[int, int, int]:
+    """(events applied, units, redelivered skipped) from the worker's last stop line."""
+    line = [x for x in worker.output().splitlines() if "worker stopped:" in x][-1]
+    words = line.split("worker stopped:", 1)[1].replace(",", "").split()
+    return int(words[0]), int(words[4]), int(words[6])
+
+
+def test_a_worker_behind_gathers_full_takes_into_fewer_units_and_acks_them_all(
+    fresh_postgres: str, fresh_kafka: str, tmp_path: Path
+) -> None:
+    """The whole log is waiting when the worker starts: every take of 5 comes back full, so
+    the agent gathers them into units of up to 100 events (ADR-0052) instead of one unit a take;
+    the views equal the reference, the group's committed offsets still reach each partition's
+    end (the held acks were all released) and a restarted worker is handed nothing again."""
+    notes, reference, kafka, relay, data_dir, env = sqlite_worker_setup(fresh_postgres, fresh_kafka, tmp_path)
+    top = notes[-1].id
+    relay.send_notes(notes, chunk=20)
+    records = len(notes) + PARTITIONS * -(-len(notes) // 20)  # the events and each transaction's watermarks
+    group = WorkerSettings(kafka.brokers, kafka.topic).group
+    worker = WorkerProcess(env, tmp_path / "worker1.log", "--batch", "5", "--unit-events", "100", "--gather-for", "30")
+    try:
+        wait_tracked(sqlite_positions(data_dir), top, [worker])
+        deadline = time.monotonic() + 20  # Faust commits every 2.8 s
+        while any(end - committed > 1 for committed, end in group_lag(kafka.brokers, kafka.topic, group).values()):
+            assert time.monotonic() < deadline, group_lag(kafka.brokers, kafka.topic, group)
+            time.sleep(0.5)
+    finally:
+        assert worker.stop() == 0, worker.output()[-3000:]
+    applied, units, _ = stop_line(worker)
+    print(f"{records} records, {applied} events applied in {units} units (takes of 5, units of up to 100)")
+    assert applied > 0 and units <= -(-records // 50), (records, applied, units)  # one a take: >= records / 5
+    views = open_views(data_dir, PARAMS.mailbox_shards)
+    try:
+        assert snapshot(views) == reference
+    finally:
+        views.close()
+
+    worker = WorkerProcess(env, tmp_path / "worker2.log")
+    try:
+        relay.send([], watermark=top + 1)
+        wait_tracked(sqlite_positions(data_dir), top + 1, [worker])
+    finally:
+        assert worker.stop() == 0, worker.output()[-3000:]
+    assert stop_line(worker)[2] == 0, worker.output()[-3000:]
+
+
+def test_a_unit_still_gathering_commits_no_offset_and_a_kill_loses_nothing(
+    fresh_postgres: str, fresh_kafka: str, tmp_path: Path
+) -> None:
+    """A trickle that keeps every take of 5 full keeps one unit gathering (up to 60 s): for
+    seconds the views apply nothing, and the group commits no offset for the events the
+    unit holds (their acks wait for its commit; acked as each take is handed over, Faust
+    would have committed them within its 2.8 s interval). The worker is killed -9 mid-gather;
+    a new worker is handed the whole log again and its views equal the reference."""
+    notes, reference, kafka, relay, data_dir, env = sqlite_worker_setup(fresh_postgres, fresh_kafka, tmp_path, rounds=4)
+    top = notes[-1].id
+    group = WorkerSettings(kafka.brokers, kafka.topic).group
+    worker = WorkerProcess(
+        env,
+        tmp_path / "worker1.log",
+        *("--batch", "5", "--within", "1", "--unit-events", "1000000", "--gather-for", "60"),
+        loglevel="info",
+    )
+    read = sqlite_positions(data_dir)
+    try:
+        deadline = time.monotonic() + 60
+        while worker.assignment() != set(range(PARTITIONS)):
+            assert time.monotonic() < deadline and worker.proc.poll() is None, worker.output()[-3000:]
+            time.sleep(0.2)
+        sent, started = 0, time.monotonic()
+        while time.monotonic() - started < 6.0:  # 3 events and 4 watermarks a transaction, every 50 ms
+            relay.send_notes(notes[sent : sent + 3], chunk=3)
+            sent += 3
+            time.sleep(0.05)
+        assert sent < len(notes), "the trickle ran out of events before the kill"
+        assert not any(read().values()), f"a unit committed while takes came back full: {read()}"
+        committed = {p: c for p, (c, _) in group_lag(kafka.brokers, kafka.topic, group).items()}
+        assert all(c <= 0 for c in committed.values()), f"offsets committed for events not applied: {committed}"
+    finally:
+        worker.stop(signal.SIGKILL)
+    relay.send_notes(notes[sent:])
+    worker = WorkerProcess(env, tmp_path / "worker2.log")
+    try:
+        wait_tracked(read, top, [worker])
+    finally:
+        assert worker.stop() == 0, worker.output()[-3000:]
+    views = open_views(data_dir, PARAMS.mailbox_shards)
+    try:
+        assert snapshot(views) == reference
+    finally:
+        views.close()
+
+
 def test_a_group_committed_past_the_views_loses_nothing(fresh_postgres: str, fresh_kafka: str, tmp_path: Path) -> None:
     """The views, not Kafka's offsets, say where a worker resumes (ADR-0044): the group's
     committed offsets set to the end of every partition while the views hold only the first
