@@ -179,14 +179,16 @@ class WorkerSettings:
         return self.app_id or f"fanout-worker.{self.topic}"
 
 
-def gathers_more(took: int, gathered: int, waited: float, settings: WorkerSettings) -> bool:
+def gathers_more(took: int, waiting: int, gathered: int, waited: float, settings: WorkerSettings) -> bool:
     """Whether the agent takes another take into the unit it is gathering (ADR-0052): only
-    when the last take came back full (the log is behind this worker: more events were
-    waiting), the unit is under `unit_events` and it has gathered for under `gather_for`
+    when the last take came back full and a whole take's events are already `waiting` in
+    Faust's buffer (the log is behind this worker: the next take fills at once, nobody waits
+    for it), the unit stays within `unit_events` and it has gathered for under `gather_for`
     seconds. A worker that keeps up applies each take as it comes (no added latency); one that
     falls behind applies fewer, larger units, and a unit's cost in Cassandra grows slower than
     its events (its mailbox partitions, a conversation's and a user's rows are written once)."""
-    return took >= settings.batch and gathered + settings.batch <= settings.unit_events and waited < settings.gather_for
+    full = took >= settings.batch and waiting >= settings.batch
+    return full and gathered + settings.batch <= settings.unit_events and waited < settings.gather_for
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -316,7 +318,8 @@ class ProjectionWorker:
             if not gathered:
                 started = time.monotonic()
             gathered.extend(events)
-            if gathers_more(len(events), len(gathered), time.monotonic() - started, self.settings):
+            waiting = stream.channel.queue.qsize()  # events Faust holds for the next take already
+            if gathers_more(len(events), waiting, len(gathered), time.monotonic() - started, self.settings):
                 for e in events:  # take_events acks them when the next take starts: not before they apply
                     e.message.incref()
                 continue

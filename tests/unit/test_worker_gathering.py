@@ -13,39 +13,45 @@ S = WorkerSettings("127.0.0.1:9092", "events", batch=500, within=0.05, unit_even
 
 
 def test_a_take_that_is_not_full_is_applied_at_once() -> None:
-    assert not gathers_more(499, 499, 0.0, S)
-    assert not gathers_more(1, 3501, 0.2, S)  # the end of a backlog closes the unit
+    assert not gathers_more(499, 5000, 499, 0.0, S)
+    assert not gathers_more(1, 0, 3501, 0.2, S)  # the end of a backlog closes the unit
 
 
 def test_full_takes_gather_up_to_the_unit_size() -> None:
-    assert gathers_more(500, 500, 0.0, S)
-    assert gathers_more(500, 3500, 0.5, S)  # one more take of 500 still fits 4000
-    assert not gathers_more(500, 3501, 0.5, S)
-    assert not gathers_more(500, 4000, 0.5, S)
+    assert gathers_more(500, 500, 500, 0.0, S)
+    assert gathers_more(500, 4096, 3500, 0.5, S)  # one more take of 500 still fits 4000
+    assert not gathers_more(500, 4096, 3501, 0.5, S)
+    assert not gathers_more(500, 4096, 4000, 0.5, S)
+
+
+def test_a_full_take_without_a_whole_take_waiting_is_applied_at_once() -> None:
+    """At the edge of keeping up the next take would wait `within` to fill: not worth it."""
+    assert not gathers_more(500, 499, 500, 0.0, S)
+    assert not gathers_more(500, 0, 1000, 0.0, S)
 
 
 def test_a_unit_stops_gathering_after_gather_for() -> None:
-    assert gathers_more(500, 1000, 0.99, S)
-    assert not gathers_more(500, 1000, 1.0, S)
+    assert gathers_more(500, 500, 1000, 0.99, S)
+    assert not gathers_more(500, 500, 1000, 1.0, S)
 
 
 def test_unit_events_equal_to_the_take_turns_gathering_off() -> None:
     off = WorkerSettings("127.0.0.1:9092", "events", batch=500, unit_events=500)
-    assert not gathers_more(500, 500, 0.0, off)
+    assert not gathers_more(500, 500, 500, 0.0, off)
 
 
 @given(
-    takes=st.lists(st.integers(min_value=0, max_value=500), min_size=1, max_size=40),
+    takes=st.lists(st.tuples(st.integers(0, 500), st.integers(0, 5000)), min_size=1, max_size=40),
     unit_events=st.integers(min_value=500, max_value=10_000),
 )
-def test_a_gathered_unit_never_exceeds_unit_events(takes: list[int], unit_events: int) -> None:
+def test_a_gathered_unit_never_exceeds_unit_events(takes: list[tuple[int, int]], unit_events: int) -> None:
     """Whatever the takes, the agent's loop (gather while gathers_more) never builds a unit
     larger than unit_events, and every unit but the last ends on a take that was not full or
     at the size bound."""
     s = WorkerSettings("127.0.0.1:9092", "events", batch=500, unit_events=unit_events)
     gathered = 0
-    for took in takes:
+    for took, waiting in takes:
         gathered += took
         assert gathered <= max(unit_events, s.batch)
-        if not gathers_more(took, gathered, 0.0, s):
+        if not gathers_more(took, waiting, gathered, 0.0, s):
             gathered = 0
