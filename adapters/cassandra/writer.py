@@ -36,11 +36,7 @@ MEMBER_BATCH_ROWS = 250  # rows per batch of round A (member-keyed rows: one par
 # rows and about this many bytes (Cassandra warns above batch_size_warn_threshold, 64 KiB here)
 CONVERSATION_BATCH_ROWS = 250
 CONVERSATION_BATCH_BYTES = 48 * 1024
-# an estimate of a row's size without its text, as Cassandra counts it for its batch size warning: a
-# batch of 250 small-message rows (a message, its delivery record, the sender's state, a head)
-# measured 79.8 KiB there, 327 bytes a row; at 160 every full batch of round B logged a warning
-# in Cassandra and in the worker (PERFORMANCE.md section 34)
-ROW_BYTES = 330
+ROW_BYTES = 330  # a row's size without its text as Cassandra counts it for that warning (PERFORMANCE.md 34)
 
 _NULLABLE_SEQS = ("delivered_conversation_seq", "gap_end")
 
