@@ -448,6 +448,36 @@ def group_lag(brokers: str, topic: str, group: str) -> dict[int, tuple[int, int]
         c.close()
 
 
+def wait_committed_to_the_end(brokers: str, topic: str, group: str, timeout: float = 20.0) -> None:
+    """Until the group's committed offset of every partition reaches its end (the last commit
+    marker excepted: a consumer is never handed it). Faust commits every 2.8 s."""
+    deadline = time.monotonic() + timeout
+    while any(end - committed > 1 for committed, end in group_lag(brokers, topic, group).values()):
+        assert time.monotonic() < deadline, group_lag(brokers, topic, group)
+        time.sleep(0.5)
+
+
+def stop_line(worker: WorkerProcess) -> tuple[int, int, int]:
+    """(events applied, units, redelivered skipped) from the worker's last stop line."""
+    line = [x for x in worker.output().splitlines() if "worker stopped:" in x][-1]
+    words = line.split("worker stopped:", 1)[1].replace(",", "").split()
+    return int(words[0]), int(words[4]), int(words[6])
+
+
+def redelivered_to_a_restarted_worker(
+    env: dict[str, str], log_path: Path, relay: FakeRelay, data_dir: Path, top: int
+) -> int:
+    """A worker started again in the same group, one more watermark past `top` for it to
+    reach: how many records it was handed that the views had applied (its stop line)."""
+    worker = WorkerProcess(env, log_path)
+    try:
+        relay.send([], watermark=top + 1)
+        wait_tracked(sqlite_positions(data_dir), top + 1, [worker])
+    finally:
+        assert worker.stop() == 0, worker.output()[-3000:]
+    return stop_line(worker)[2]
+
+
 def sqlite_worker_setup(
     postgres: str, kafka_url: str, tmp_path: Path, rounds: int = 2
 ) -> tuple[list[Any], dict[str, Any], Any, FakeRelay, Path, dict[str, str]]:
@@ -484,34 +514,17 @@ def test_the_committed_offsets_keep_up_and_a_restarted_worker_reads_nothing_agai
         for i in range(0, len(notes), 5):
             relay.send_notes(notes[i : i + 5], chunk=5)
         wait_tracked(sqlite_positions(data_dir), top, [worker])
-        deadline = time.monotonic() + 20  # Faust commits every 2.8 s
-        while any(end - committed > 1 for committed, end in group_lag(kafka.brokers, kafka.topic, group).values()):
-            assert time.monotonic() < deadline, group_lag(kafka.brokers, kafka.topic, group)
-            time.sleep(0.5)
+        wait_committed_to_the_end(kafka.brokers, kafka.topic, group)
     finally:
         assert worker.stop() == 0, worker.output()[-3000:]
     lag = group_lag(kafka.brokers, kafka.topic, group)
     print(f"{len(notes)} events in {-(-len(notes) // 5)} transactions; committed/end offsets: {lag}")
     assert all(end - committed <= 1 for committed, end in lag.values()), lag
 
-    worker = WorkerProcess(env, tmp_path / "worker2.log")
-    try:
-        relay.send([], watermark=top + 1)
-        wait_tracked(sqlite_positions(data_dir), top + 1, [worker])
-    finally:
-        assert worker.stop() == 0, worker.output()[-3000:]
-    stopped = [line for line in worker.output().splitlines() if "worker stopped:" in line]
-    assert stopped and stopped[-1].endswith(", 0 redelivered skipped"), worker.output()[-3000:]
+    assert redelivered_to_a_restarted_worker(env, tmp_path / "worker2.log", relay, data_dir, top) == 0
 
 
 # -- ADR-0052: a worker behind gathers full takes into one unit, holding their acks ------------
-
-
-def stop_line(worker: WorkerProcess) -> tuple[int, int, int]:
-    """(events applied, units, redelivered skipped) from the worker's last stop line."""
-    line = [x for x in worker.output().splitlines() if "worker stopped:" in x][-1]
-    words = line.split("worker stopped:", 1)[1].replace(",", "").split()
-    return int(words[0]), int(words[4]), int(words[6])
 
 
 def test_a_worker_behind_gathers_full_takes_into_fewer_units_and_acks_them_all(
@@ -529,10 +542,7 @@ def test_a_worker_behind_gathers_full_takes_into_fewer_units_and_acks_them_all(
     worker = WorkerProcess(env, tmp_path / "worker1.log", "--batch", "5", "--unit-events", "100", "--gather-for", "30")
     try:
         wait_tracked(sqlite_positions(data_dir), top, [worker])
-        deadline = time.monotonic() + 20  # Faust commits every 2.8 s
-        while any(end - committed > 1 for committed, end in group_lag(kafka.brokers, kafka.topic, group).values()):
-            assert time.monotonic() < deadline, group_lag(kafka.brokers, kafka.topic, group)
-            time.sleep(0.5)
+        wait_committed_to_the_end(kafka.brokers, kafka.topic, group)
     finally:
         assert worker.stop() == 0, worker.output()[-3000:]
     applied, units, _ = stop_line(worker)
@@ -544,13 +554,7 @@ def test_a_worker_behind_gathers_full_takes_into_fewer_units_and_acks_them_all(
     finally:
         views.close()
 
-    worker = WorkerProcess(env, tmp_path / "worker2.log")
-    try:
-        relay.send([], watermark=top + 1)
-        wait_tracked(sqlite_positions(data_dir), top + 1, [worker])
-    finally:
-        assert worker.stop() == 0, worker.output()[-3000:]
-    assert stop_line(worker)[2] == 0, worker.output()[-3000:]
+    assert redelivered_to_a_restarted_worker(env, tmp_path / "worker2.log", relay, data_dir, top) == 0
 
 
 def test_the_group_never_commits_an_offset_its_views_have_not_applied(
