@@ -35,7 +35,7 @@ MEMBER_BATCH_ROWS = 250  # rows per batch of round A (member-keyed rows: one par
 # Round B: a batch holds whole conversations (rows and head: one mutation each), at most this many
 # rows and about this many bytes (Cassandra warns above batch_size_warn_threshold, 64 KiB here)
 CONVERSATION_BATCH_ROWS = 250
-CONVERSATION_BATCH_BYTES = 48 * 1024
+CONVERSATION_BATCH_BYTES = 60 * 1024
 ROW_BYTES = 330  # a row's size without its text as Cassandra counts it for that warning (PERFORMANCE.md 34)
 
 _NULLABLE_SEQS = ("delivered_conversation_seq", "gap_end")
