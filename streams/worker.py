@@ -6,10 +6,10 @@ the event topic the relay writes (`streams/records.py`) to the projection host
   within `within` seconds (`stream.take_events`), groups them by Kafka partition and hands
   them to the host in a single-thread executor (`loop.run_in_executor`): the Faust event loop
   never waits on a view store, and the units of one worker never overlap (the view stores are
-  not required to take concurrent units from one process). While takes come back full (the
-  log is ahead of the worker) it gathers several into one unit, up to `unit_events` events or
-  `gather_for` seconds, holding their acks until the unit has committed (`gathers_more`,
-  ADR-0052).
+  not required to take concurrent units from one process). While takes come back full with
+  a whole take already waiting (the log is ahead of the worker) it gathers several into one
+  unit, up to `unit_events` events or `gather_for` seconds, holding their acks until the unit
+  has committed (`gathers_more`, ADR-0052).
 * **Idempotence by tracking, not by Kafka offsets** (the host's). The consumer commits each
   partition's highest acked offset + 1 (`streams/read_committed.py`, ADR-0044), acked after the
   take is handled, so the group's committed offsets follow the views and a restarted worker is
