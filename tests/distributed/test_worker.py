@@ -547,7 +547,10 @@ def test_a_worker_behind_gathers_full_takes_into_fewer_units_and_acks_them_all(
         assert worker.stop() == 0, worker.output()[-3000:]
     applied, units, _ = stop_line(worker)
     print(f"{records} records, {applied} events applied in {units} units (takes of 5, units of up to 100)")
-    assert applied > 0 and units <= -(-records // 50), (records, applied, units)  # one a take: >= records / 5
+    # One unit a take would be >= records / 5 (74). Gathered, a unit ends where Faust's fetches
+    # leave fewer than a take waiting: 6 here, 7 with both cores busy, 10 once in CI (stop 35).
+    # A quarter of one a take is a bound that still fails without gathering and holds on a busy host.
+    assert applied > 0 and units <= records // 20, (records, applied, units)
     views = open_views(data_dir, PARAMS.mailbox_shards)
     try:
         assert snapshot(views) == reference
