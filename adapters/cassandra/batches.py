@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import struct
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -86,6 +87,61 @@ def joined(head: bytes, tail: bytes, cells: Sequence[bytes]) -> bytes:
     statements that differ in one value, `head` the prefix and the cells before it, `tail` the
     cells after it, in one `bytes.join`."""
     return b"".join((head, (tail + head).join(cells), tail))
+
+
+class Binder:
+    """A prepared statement's values serialized as the driver's `bind` serializes them (each
+    column's type's `serialize`; None null, UNSET_VALUE unset) and its routing key as the
+    driver computes it, without the BoundStatement `bind` builds (and its per-value column
+    descriptor and encryption lookups): 2-3x less client CPU a row (ADR-0053)."""
+
+    __slots__ = ("__weakref__", "head", "key_indexes", "names", "protocol", "types")
+
+    def __init__(self, prepared: PreparedStatement) -> None:
+        if prepared.column_encryption_policy is not None:
+            raise ValueError("a column encryption policy is set: bind such statements with the driver")
+        meta = prepared.column_metadata
+        self.head = prefix(prepared.query_id, len(meta))
+        self.types = tuple(c.type for c in meta)
+        self.names = tuple(c.name for c in meta)
+        self.key_indexes = tuple(prepared.routing_key_indexes or ())
+        self.protocol = prepared.protocol_version
+
+    def encode(self, values: Sequence[Any]) -> Encoded:
+        """The statement with its values, as a batch carries it; routed by its partition."""
+        if len(values) != len(self.types):
+            raise ValueError(f"{len(values)} values for a statement of {len(self.types)} ({self.names})")
+        cells: list[bytes] = []
+        append, protocol = cells.append, self.protocol
+        for value, kind in zip(values, self.types, strict=True):
+            if value is None:
+                append(_NULL)
+            elif value is UNSET_VALUE:
+                append(_UNSET)
+            else:
+                try:
+                    b = kind.serialize(value, protocol)
+                except (TypeError, struct.error) as exc:
+                    name = self.names[len(cells)]
+                    raise TypeError(
+                        f"column {name!r} ({kind.typename}) given a {type(value).__name__}: {exc}"
+                    ) from None
+                append(_INT.pack(len(b)) + b)
+        keys = [cells[i][_INT.size :] for i in self.key_indexes]
+        if any(values[i] is None or values[i] is UNSET_VALUE for i in self.key_indexes):
+            raise ValueError(f"no value for a partition key column of {self.names}")
+        return Encoded(b"".join([self.head, *cells]), 1, routing_key(tuple(keys)))
+
+
+_BINDERS: weakref.WeakKeyDictionary[PreparedStatement, Binder] = weakref.WeakKeyDictionary()
+
+
+def bound(prepared: PreparedStatement, values: Sequence[Any]) -> Encoded:
+    """`values` bound to `prepared` and serialized (its Binder, made once a statement)."""
+    binder = _BINDERS.get(prepared)
+    if binder is None:
+        binder = _BINDERS[prepared] = Binder(prepared)
+    return binder.encode(values)
 
 
 class PackedStatements:
@@ -158,21 +214,15 @@ def grouped(rows: Iterable[Row], size: int, keyspace: str) -> Iterator[tuple[Bat
     `install`ed."""
     batch, packed = _batch()
     for row in rows:
-        if isinstance(row, Encoded):
-            if packed.count and packed.count + row.rows > size:  # a run's partition stays in one batch
-                yield batch, None
-                batch, packed = _batch()
-            if packed.count == 0:
-                batch.routing_key, batch.keyspace = row.key, keyspace
-            packed.parts.append(row.body)
-            packed.count += row.rows
-        else:
-            prepared, values = row
-            bound = prepared.bind(values)
-            if packed.count == 0:
-                batch.routing_key, batch.keyspace = bound.routing_key, bound.keyspace or keyspace
-            packed.parts.append(statement(prepared.query_id, bound.values))
-            packed.count += 1
+        if not isinstance(row, Encoded):
+            row = bound(*row)
+        if packed.count and packed.count + row.rows > size:  # a run's partition stays in one batch
+            yield batch, None
+            batch, packed = _batch()
+        if packed.count == 0:
+            batch.routing_key, batch.keyspace = row.key, keyspace
+        packed.parts.append(row.body)
+        packed.count += row.rows
         if packed.count >= size:
             if packed.count > MAX_STATEMENTS:
                 raise ValueError(f"a batch of {packed.count} statements: the protocol's limit is {MAX_STATEMENTS}")
@@ -180,6 +230,18 @@ def grouped(rows: Iterable[Row], size: int, keyspace: str) -> Iterator[tuple[Bat
             batch, packed = _batch()
     if packed.count:
         yield batch, None
+
+
+def batch_of(rows: Sequence[Encoded], keyspace: str) -> BatchStatement:
+    """One UNLOGGED batch of `rows`, routed by the first's partition (execute it on a session
+    `install`ed)."""
+    batch, packed = _batch()
+    batch.routing_key, batch.keyspace = rows[0].key, keyspace
+    packed.parts.extend(r.body for r in rows)
+    packed.count = sum(r.rows for r in rows)
+    if packed.count > MAX_STATEMENTS:
+        raise ValueError(f"a batch of {packed.count} statements: the protocol's limit is {MAX_STATEMENTS}")
+    return batch
 
 
 def _batch() -> tuple[BatchStatement, PackedStatements]:

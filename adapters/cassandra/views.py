@@ -363,7 +363,7 @@ class CassandraViews:
         # delivery records, materialized_at once every entry is written (as SQLite and memory stamp it)
         w.delivery_rows(self._w, ts_of, now if now is not None else time.time(), conversations)
         # B. a conversation's rows that do not fit in one batch with its head, then the heads
-        early, final = conversation_batches(conversations.values())
+        early, final = conversation_batches(conversations.values(), self.keyspace)
         w.step("rows")
         run(self.session, early, self.in_flight)
         w.step("heads")

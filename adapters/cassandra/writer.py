@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cassandra.query import BatchStatement, BatchType, PreparedStatement
+from cassandra.query import BatchStatement, PreparedStatement
 
-from adapters.cassandra.batches import Encoded, Row
+from adapters.cassandra.batches import Encoded, Row, batch_of, bound
 from adapters.cassandra.mailbox_floors import floor_row, floor_statement
 from adapters.cassandra.session_heads import session_head_rows
 from adapters.cassandra.session_states import NO_SEQ, paired, session_cell
@@ -102,16 +102,17 @@ class ConversationRows:
 
 
 def conversation_batches(
-    conversations: Iterable[ConversationRows],
+    conversations: Iterable[ConversationRows], keyspace: str
 ) -> tuple[list[tuple[BatchStatement, None]], list[tuple[BatchStatement, None]]]:
     """Round B's batches. Each conversation's rows and its head go in ONE batch: one partition
     key, so one mutation, applied atomically. Several conversations share a batch up to
     CONVERSATION_BATCH_ROWS rows and CONVERSATION_BATCH_BYTES. A conversation too large for one
     batch (a large join, a burst of long messages) sends its first rows ahead in chunks (`early`,
-    written before any head); its last chunk rides with its head in `final`."""
+    written before any head); its last chunk rides with its head in `final`. (batches.bound, ADR-0053)"""
     early: list[tuple[BatchStatement, None]] = []
     final: list[tuple[BatchStatement, None]] = []
-    batch, n, size = BatchStatement(batch_type=BatchType.UNLOGGED), 0, 0
+    batch: list[Encoded] = []  # `final`'s batch being filled, `size` its bytes
+    size = 0
     for x in conversations:
         rows = [*x.rows, *([x.head] if x.head is not None else [])]
         tail, tail_bytes = len(rows), 0  # the rows that fit in one batch with the head, from the end
@@ -121,23 +122,22 @@ def conversation_batches(
             tail -= 1
             tail_bytes += rows[tail][2]
         ahead, rows = rows[:tail], rows[tail:]
-        chunk, chunk_n, chunk_bytes = BatchStatement(batch_type=BatchType.UNLOGGED), 0, 0
+        chunk, chunk_bytes = list[Encoded](), 0
         for stmt, args, b in ahead:
-            if chunk_n and (chunk_n == CONVERSATION_BATCH_ROWS or chunk_bytes + b > CONVERSATION_BATCH_BYTES):
-                early.append((chunk, None))
-                chunk, chunk_n, chunk_bytes = BatchStatement(batch_type=BatchType.UNLOGGED), 0, 0
-            chunk.add(stmt, args)
-            chunk_n, chunk_bytes = chunk_n + 1, chunk_bytes + b
-        if chunk_n:
-            early.append((chunk, None))
-        if n and (n + len(rows) > CONVERSATION_BATCH_ROWS or size + tail_bytes > CONVERSATION_BATCH_BYTES):
-            final.append((batch, None))
-            batch, n, size = BatchStatement(batch_type=BatchType.UNLOGGED), 0, 0
-        for stmt, args, _ in rows:
-            batch.add(stmt, args)
-        n, size = n + len(rows), size + tail_bytes
-    if n:
-        final.append((batch, None))
+            if chunk and (len(chunk) == CONVERSATION_BATCH_ROWS or chunk_bytes + b > CONVERSATION_BATCH_BYTES):
+                early.append((batch_of(chunk, keyspace), None))
+                chunk, chunk_bytes = [], 0
+            chunk.append(bound(stmt, args))
+            chunk_bytes += b
+        if chunk:
+            early.append((batch_of(chunk, keyspace), None))
+        if batch and (len(batch) + len(rows) > CONVERSATION_BATCH_ROWS or size + tail_bytes > CONVERSATION_BATCH_BYTES):
+            final.append((batch_of(batch, keyspace), None))
+            batch, size = [], 0
+        batch.extend(bound(stmt, args) for stmt, args, _ in rows)
+        size += tail_bytes
+    if batch:
+        final.append((batch_of(batch, keyspace), None))
     return early, final
 
 

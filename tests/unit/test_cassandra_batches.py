@@ -11,13 +11,23 @@ import zlib
 import pytest
 from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
-from cassandra.cqltypes import BytesType, DoubleType, Int32Type, LongType, UTF8Type
-from cassandra.protocol import BatchMessage
-from cassandra.query import UNSET_VALUE, BatchStatement, BatchType
+from cassandra.cqltypes import BooleanType, BytesType, DoubleType, Int32Type, LongType, MapType, UTF8Type
+from cassandra.protocol import BatchMessage, ColumnMetadata
+from cassandra.query import UNSET_VALUE, BatchStatement, BatchType, PreparedStatement
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adapters.cassandra.batches import Encoded, PackedStatements, cell, grouped, install, joined, prefix, statement
+from adapters.cassandra.batches import (
+    Encoded,
+    PackedStatements,
+    bound,
+    cell,
+    grouped,
+    install,
+    joined,
+    prefix,
+    statement,
+)
 from adapters.cassandra.session_heads import SESSION_HEAD_VALUES, session_head_cells
 from adapters.cassandra.session_states import copy_cells
 
@@ -322,3 +332,59 @@ def test_a_session_states_row_is_serialized_as_the_driver_would(
     ):
         expected = b"".join(cell(t.serialize(v, 4)) for t, v in zip(types, row, strict=True))
         assert copy_cells(row) == expected
+
+
+# -- ADR-0053: a prepared statement's values serialized here, as the driver's bind does ----------
+
+_COLUMNS = [
+    ("tenant", UTF8Type),
+    ("user_id", UTF8Type),
+    ("seq", LongType),
+    ("flags", Int32Type),
+    ("skipping", BooleanType),
+    ("score", DoubleType),
+    ("ref", BytesType),
+    ("body", MapType.apply_parameters([UTF8Type, UTF8Type])),
+]
+
+
+def _prepared(key_indexes: list[int]) -> PreparedStatement:
+    meta = [ColumnMetadata("ks", "t", name, kind) for name, kind in _COLUMNS]
+    return PreparedStatement(meta, QUERY_ID, key_indexes, "INSERT ...", "ks", 5, [], None)
+
+
+_cells = st.tuples(
+    st.text(max_size=12),
+    st.text(max_size=12),
+    st.integers(-(2**63), 2**63 - 1),
+    st.integers(-(2**31), 2**31 - 1),
+    st.booleans(),
+    st.floats(allow_nan=False),
+    st.binary(max_size=12),
+    st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=3),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_cells, st.lists(st.sampled_from([2, 3, 4, 5, 6, 7]), unique=True, max_size=3), st.sampled_from([[0], [0, 1]]))
+def test_a_binder_serializes_values_and_routing_key_as_the_drivers_bind(
+    cells: tuple, absent: list[int], key: list[int]
+) -> None:
+    """Every type the views' tables use, nulls and unset values among them: the same statement
+    bytes and routing key as the driver's BoundStatement for the same values."""
+    values = [None if i in absent[:1] else UNSET_VALUE if i in absent[1:] else v for i, v in enumerate(cells)]
+    prepared = _prepared(key)
+    driver = prepared.bind(values)
+    ours = bound(prepared, values)
+    assert ours.body == statement(QUERY_ID, driver.values)
+    assert ours.key == driver.routing_key and ours.rows == 1
+
+
+def test_a_binder_refuses_what_the_driver_refuses_with_the_column_named() -> None:
+    prepared = _prepared([0])
+    with pytest.raises(TypeError, match="'seq'"):
+        bound(prepared, ["acme", "u1", "not a number", 1, True, 1.0, b"", {}])
+    with pytest.raises(ValueError, match="7 values for a statement of 8"):
+        bound(prepared, ["acme", "u1", 1, 1, True, 1.0, b""])
+    with pytest.raises(ValueError, match="partition key"):
+        bound(prepared, [None, "u1", 1, 1, True, 1.0, b"", {}])
