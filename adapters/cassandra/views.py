@@ -356,8 +356,7 @@ class CassandraViews:
         run(self.session, grouped(rows_a, MEMBER_BATCH_ROWS, self.keyspace), self.in_flight)
         observe = getattr(self.mailbox, "observe", None)
         if observe is not None and self._mailbox_statements is not None and w.mailbox:
-            largest = max(sum(len(b) for b in refs.shards.values()) for _, refs in w.mailbox)
-            observe(time.perf_counter() - started, w.mailbox_entries, largest)
+            observe(time.perf_counter() - started, w.mailbox_entries, w.largest_message)
         if unindex:  # after the rows moved to: a login read never misses a conversation in between
             run(self.session, grouped(unindex, MEMBER_BATCH_ROWS, self.keyspace), self.in_flight)
         # delivery records, materialized_at once every entry is written (as SQLite and memory stamp it)

@@ -151,7 +151,7 @@ class CassandraWriter:
         self.above = 0  # the host sets it with `partition` (ViewWriter.above)
         self.floors: dict[tuple[str, str], int] = {}  # (tenant, user) -> the lowest `above` of its puts (ADR-0045)
         self.mailbox: list[tuple[str, MessageRefs]] = []
-        self.mailbox_entries = 0
+        self.mailbox_entries = self.largest_message = 0  # entries in all, and in its largest message
         self.positions: dict[tuple[str, int], int] = {}
         self.log_positions: dict[int, tuple[int, int]] = {}  # partition -> (position, next offset)
         # Called with the next step's name between the steps of the commit (the host's fencing
@@ -241,7 +241,8 @@ class CassandraWriter:
         if "mailbox" not in self.targets or not refs.shards:
             return
         self.mailbox.append((tenant, refs))
-        self.mailbox_entries += sum(len(b) for b in refs.shards.values())
+        entries = sum(len(b) for b in refs.shards.values())
+        self.mailbox_entries, self.largest_message = self.mailbox_entries + entries, max(self.largest_message, entries)
 
     def put_states(
         self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]
