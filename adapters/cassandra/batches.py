@@ -42,7 +42,7 @@ class Encoded(NamedTuple):
 
     body: bytes
     rows: int
-    key: bytes  # the routing key of its (first) statement's partition (token-aware routing)
+    key: bytes | None  # the routing key of its (first) statement's partition (token-aware routing)
 
 
 Row = tuple[PreparedStatement, tuple[Any, ...]] | Encoded
@@ -130,7 +130,8 @@ class Binder:
         keys = [cells[i][_INT.size :] for i in self.key_indexes]
         if any(values[i] is None or values[i] is UNSET_VALUE for i in self.key_indexes):
             raise ValueError(f"no value for a partition key column of {self.names}")
-        return Encoded(b"".join([self.head, *cells]), 1, routing_key(tuple(keys)))
+        # no partition key among the values: no routing key, routed as the driver would (round-robin)
+        return Encoded(b"".join([self.head, *cells]), 1, routing_key(tuple(keys)) if keys else None)
 
 
 _BINDERS: weakref.WeakKeyDictionary[PreparedStatement, Binder] = weakref.WeakKeyDictionary()

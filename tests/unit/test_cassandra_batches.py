@@ -366,7 +366,9 @@ _cells = st.tuples(
 
 
 @settings(max_examples=300, deadline=None)
-@given(_cells, st.lists(st.sampled_from([2, 3, 4, 5, 6, 7]), unique=True, max_size=3), st.sampled_from([[0], [0, 1]]))
+@given(
+    _cells, st.lists(st.sampled_from([2, 3, 4, 5, 6, 7]), unique=True, max_size=3), st.sampled_from([[0], [0, 1], []])
+)
 def test_a_binder_serializes_values_and_routing_key_as_the_drivers_bind(
     cells: tuple, absent: list[int], key: list[int]
 ) -> None:
