@@ -35,7 +35,7 @@ log = logging.getLogger("fanout.worker")
 # CPython's cyclic collector in a worker (ADR-0054): the driver leaves ~28 objects in cycles a
 # request (its ResponseFuture, timer, query plan, condition) and the host's caches make a full
 # collection ~100 ms; at the default (700, 10, 10) the collector took 12-14% of a worker's CPU
-# at 1,000 messages/s, 3-4% at these thresholds.
+# at 1,000 messages/s, about 4% at these thresholds.
 COLLECTOR_THRESHOLDS = (50_000, 20, 100)
 
 
