@@ -208,29 +208,25 @@ def install(session: Any) -> None:
 
 def grouped(rows: Iterable[Row], size: int, keyspace: str) -> Iterator[tuple[BatchStatement, None]]:
     """UNLOGGED batches of about `size` rows (grouped writes, not a round trip each), routed
-    by their first row's partition. A prepared statement's values are bound (serialized) by
-    the driver's `bind`, then written here; an Encoded run goes as it is, whole, in a batch
-    it does not push past `size` (a large message's run of one partition is a batch of its
-    own, one mutation; makers keep runs at most `size` long). Execute them on a session
-    `install`ed."""
-    batch, packed = _batch()
+    by their first row's partition. A prepared statement's values are serialized here
+    (`bound`, ADR-0053); an Encoded run goes as it is, whole, in a batch it does not push
+    past `size` (a large message's run of one partition is a batch of its own, one mutation;
+    makers keep runs at most `size` long). Execute them on a session `install`ed."""
+    pending: list[Encoded] = []
+    count = 0
     for row in rows:
         if not isinstance(row, Encoded):
             row = bound(*row)
-        if packed.count and packed.count + row.rows > size:  # a run's partition stays in one batch
-            yield batch, None
-            batch, packed = _batch()
-        if packed.count == 0:
-            batch.routing_key, batch.keyspace = row.key, keyspace
-        packed.parts.append(row.body)
-        packed.count += row.rows
-        if packed.count >= size:
-            if packed.count > MAX_STATEMENTS:
-                raise ValueError(f"a batch of {packed.count} statements: the protocol's limit is {MAX_STATEMENTS}")
-            yield batch, None
-            batch, packed = _batch()
-    if packed.count:
-        yield batch, None
+        if count and count + row.rows > size:  # a run's partition stays in one batch
+            yield batch_of(pending, keyspace), None
+            pending, count = [], 0
+        pending.append(row)
+        count += row.rows
+        if count >= size:
+            yield batch_of(pending, keyspace), None
+            pending, count = [], 0
+    if count:
+        yield batch_of(pending, keyspace), None
 
 
 def batch_of(rows: Sequence[Encoded], keyspace: str) -> BatchStatement:
