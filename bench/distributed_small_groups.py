@@ -147,6 +147,20 @@ def member(g: int, i: int, args: dict[str, Any]) -> str:
     return group_member(g, i, args["members"], args["users"])
 
 
+def lag_trend(lags: list[tuple[float, int]]) -> str:
+    """The lag's medians by quarter of the run and its least-squares slope over the second
+    half (events a minute): a sustained rate shows a slope near zero once the run has warmed up,
+    a rate beyond the projection one that keeps rising."""
+    quarters = [lags[len(lags) * q // 4 : len(lags) * (q + 1) // 4] for q in range(4)]
+    medians = " / ".join(f"{statistics.median(lag for _, lag in q):,.0f}" if q else "-" for q in quarters)
+    tail = lags[len(lags) // 2 :]
+    if len(tail) < 3:
+        return f"lag trend: medians by quarter {medians}"
+    slope = statistics.linear_regression([t for t, _ in tail], [float(lag) for _, lag in tail]).slope
+    return (f"lag trend: medians by quarter {medians}; second half's least-squares slope "
+            f"{60 * slope:+,.0f} events a minute over {tail[-1][0] - tail[0][0]:.0f} s")  # fmt: skip
+
+
 def sample_lag(rt: Any, lags: list[tuple[float, int]], sending: threading.Event) -> None:
     """Every 0.5 s while `sending`: how many log positions the views are behind the log."""
     while sending.is_set():
@@ -313,6 +327,7 @@ def main() -> int:
                   f"{statistics.median(first_half):,.0f} in the first half, {statistics.median(second_half):,.0f} in "
                   f"the second; max {max(lag for _, lag in lags):,}"
                   + (f" (paced at {args.rate:,.0f} messages/s)" if args.rate else ""), flush=True)  # fmt: skip
+            print("  " + lag_trend(lags), flush=True)
         if args.restart_worker:
             restart_worker(rt, fleet, watch, tenant_of(0, args.tenants))
         print(watch.report(), flush=True)
