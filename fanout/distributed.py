@@ -73,10 +73,14 @@ class ReplicaLinks(Protocol):
         """worker -> its running totals (units, failures, fenced, heals, reread), from its beats."""
 
     def subscribe_pushes(
-        self, callback: Callable[[Delivered], None], on_tracked: Callable[[ViewsTracked], None] | None = None
+        self,
+        callback: Callable[[Delivered], None],
+        on_tracked: Callable[[ViewsTracked], None] | None = None,
+        wants: Callable[[str], bool] | None = None,
     ) -> Closeable:
-        """Receive every Delivered the workers publish after their commits, and (on_tracked)
-        the positions each commit left in the views."""
+        """Receive every Delivered the workers publish after their commits (those of the
+        tenants `wants` answers True for), and (on_tracked) the positions each commit left in
+        the views."""
 
     def close(self) -> None:
         """Release the clients the checks keep."""
@@ -335,7 +339,9 @@ class DistributedRuntime:
             return self
         if self.clock_guard is not None:
             self.clock_guard.measure()  # before the first send: a replica started off the clock refuses from the start
-        self._pushes = self.links.subscribe_pushes(lambda d: self._effects((d,)), self._on_tracked)
+        # Pushes of a tenant with no socket here are skipped undecoded: push_online, the only
+        # Delivered handler of a replica, would push nothing for them.
+        self._pushes = self.links.subscribe_pushes(lambda d: self._effects((d,)), self._on_tracked, self.hub.holds)
         for target, name in ((self._watch, "fanout-watermark"), (self._check_health, "fanout-health")):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()

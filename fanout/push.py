@@ -52,6 +52,11 @@ class PushHub:
                     if not users:
                         del self._online[conn.tenant]
 
+    def holds(self, tenant: str) -> bool:
+        """Whether a socket of the tenant is open here (else its messages push nothing)."""
+        with self._lock:
+            return tenant in self._online
+
     def online_count(self) -> int:
         with self._lock:
             return sum(len(c) for users in self._online.values() for c in users.values())

@@ -98,7 +98,10 @@ class KafkaReplicaLinks:
                 self._consumer = None
 
     def subscribe_pushes(
-        self, callback: Callable[[Delivered], None], on_tracked: Callable[[ViewsTracked], None] | None = None
+        self,
+        callback: Callable[[Delivered], None],
+        on_tracked: Callable[[ViewsTracked], None] | None = None,
+        wants: Callable[[str], bool] | None = None,
     ) -> Subscription:
         muted, self.health.muted = self.health.muted, True  # a start-up failure is one line (below)
         try:
@@ -108,6 +111,7 @@ class KafkaReplicaLinks:
                 callback,
                 on_beat=self.beats.seen,
                 on_tracked=on_tracked,
+                wants=wants,
                 replication=self.kafka.replication,
                 min_insync=self.kafka.min_insync,
                 partitions=self.kafka.partitions,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -177,6 +178,43 @@ def test_every_push_published_after_a_subscriber_started_reaches_it_in_order(pus
     finally:
         for s in subscribers:
             s.stop()
+        publisher.close()
+
+
+def test_a_replica_skips_undecoded_the_pushes_of_tenants_it_holds_no_socket_of(pushes: tuple[str, str]) -> None:
+    """`wants` sees each push's tenant from its header: the wanted tenant's pushes arrive in
+    order, the others are counted as skipped and never reach the callback; heartbeats and the
+    tracked positions still arrive, also the beat of a worker whose key (`worker/<id>`) looks
+    like a push of a tenant named `worker`."""
+    brokers, topic = pushes
+    publisher = PushPublisher(brokers, topic, partitions=4)
+    got: list[Delivered] = []
+    tracked: list[ViewsTracked] = []
+    beats = WorkerBeats()
+    asked: list[str] = []
+
+    def wants(tenant: str) -> bool:
+        asked.append(tenant)
+        return tenant == "acme"
+
+    sub = PushSubscriber(brokers, topic, got.append, on_beat=beats.seen, on_tracked=tracked.append, wants=wants)
+    sub.start()
+    try:
+        ours = [delivered(i, cid="c1") for i in range(1, 11)]
+        theirs = [replace(delivered(i, cid="c1"), tenant=t) for i in range(1, 6) for t in ("beta", "worker")]
+        assert publisher.publish([*theirs[:5], *ours[:5], ViewsTracked({0: 5}), *theirs[5:], *ours[5:]]) == 20
+        publisher.beat(WorkerBeat("w1", (0, 1), time.time(), 1.0))
+        assert publisher.flush() == 0
+        deadline = time.monotonic() + 20
+        while (len(got) < 10 or sub.skipped < 10 or beats.count() < 1 or not tracked) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        assert [d.seq for d in got] == list(range(1, 11)) and all(d.tenant == "acme" for d in got)
+        assert sub.skipped == 10 and sub.received == 10 and sub.bad == 0
+        assert sorted(set(asked)) == ["acme", "beta", "worker"] and len(asked) == 20
+        assert beats.count() == 1 and [t.positions for t in tracked] == [{0: 5}]
+    finally:
+        sub.stop()
         publisher.close()
 
 
