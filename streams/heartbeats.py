@@ -64,7 +64,7 @@ def encode_beat(b: WorkerBeat) -> bytes:
 
 def decode_beat(body: Mapping[str, Any]) -> WorkerBeat:
     """The beat of a decoded record of kind "beat" (its format checked by the caller,
-    streams/pushes.py `decode`); KeyError, TypeError or ValueError when a field is wrong."""
+    streams/push_records.py `decode`); KeyError, TypeError or ValueError when a field is wrong."""
     return WorkerBeat(
         worker=str(body["worker"]),
         partitions=tuple(int(p) for p in body["partitions"]),

@@ -8,7 +8,7 @@ first):
   records of up to `streams.records.MAX_RECORD_BYTES`;
 * the **pushes topic** (`<topic>.pushes`): the workers' publisher and the API replicas'
   subscriber, both with the event topic's `partitions` from the same URL, records of up to
-  `streams.pushes.MAX_PUSH_BYTES` (a 100k-member push with its member lists).
+  `streams.push_records.MAX_PUSH_BYTES` (a 100k-member push with its member lists).
 
 An existing topic is left as it is: its partition count is the one the cluster reports."""
 

@@ -21,16 +21,8 @@ from projections.sharding import shard_of
 from streams.heartbeats import FORMAT, WorkerBeat, WorkerBeats, encode_beat
 from streams.host import ProjectionHost
 from streams.kafka import partition_count
-from streams.pushes import (
-    BEAT_LOOKBACK,
-    PushPublisher,
-    PushSubscriber,
-    decode,
-    encode,
-    encode_tracked,
-    ensure_pushes_topic,
-    pushes_topic,
-)
+from streams.push_records import decode, encode, encode_tracked
+from streams.pushes import BEAT_LOOKBACK, PushPublisher, PushSubscriber, ensure_pushes_topic, pushes_topic
 from streams.records import EventRecord
 from tests.host_log import PARAMS, LogBuilder, partitioned, write_log
 
