@@ -14,7 +14,8 @@ those of the last BEAT_LOOKBACK records of each partition at start.
 
 A push record carries its tenant in a Kafka header (TENANT_HEADER): a replica that holds no
 socket of that tenant (`PushSubscriber(wants=)`, the replica's `PushHub.holds`) skips the
-record without decoding it (28 us a 20-member push here, 13 ms a 100k-member one). The key is
+record without decoding it (14 us a 20-member push here, 8 ms a 100k-member one:
+`bench/push_hub.py`, ADR-0055). The key is
 not enough for that: `tenant/conversation` and a heartbeat's `worker/<id>` look alike when the
 tenant is named `worker`.
 
