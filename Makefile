@@ -71,8 +71,9 @@ test: $(STAMP) browser
 test-engine-restarts: $(STAMP)
 	$(BIN)/python -m pytest -m engine_restart tests/distributed/test_crash.py
 
-test-fast: $(STAMP) browser
-	$(BIN)/python -m pytest -m "not slow"
+# Everything that needs neither engines nor a browser: no Java, PostgreSQL or Chromium (tests/conftest.py).
+test-fast: $(STAMP)
+	FANOUT_TESTS_WITHOUT_ENGINES=1 $(BIN)/python -m pytest -m "not engines and not browser"
 
 lint: $(STAMP)
 	$(BIN)/ruff check domain projections adapters streams fanout tools api cli tests bench

@@ -10,6 +10,7 @@ data: a fresh PostgreSQL database, Kafka topic and Cassandra keyspace (`fresh_*`
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import uuid
@@ -46,6 +47,12 @@ def _all_answer(urls: dict[str, str]) -> bool:
 @pytest.fixture(scope="session")
 def engines() -> Iterator[dict[str, str]]:
     """FANOUT_EVENT_STORE, FANOUT_LOG, FANOUT_VIEWS of running engines."""
+    if os.environ.get("FANOUT_TESTS_WITHOUT_ENGINES"):
+        pytest.fail(
+            "a test reached the engines in a run without them (make test-fast): mark it `engines` "
+            "(tests/conftest.py gives the marker to the tests whose fixtures name `engines`)",
+            pytrace=False,
+        )
     try:
         urls = infra_engines.read_env_file()
     except (OSError, infra_engines.EngineStartError):
