@@ -8,6 +8,8 @@ start a process with FANOUT_FAILPOINTS naming the points and what happens there:
 
 * `stop`: the process stops itself with SIGSTOP at that very step (the test sends SIGCONT
   later), once.
+* `kill`: the process kills itself with SIGKILL at that very step (kill -9 at a named
+  step: the crash tests assert what was written before it), once.
 * `fail`: the step raises `InjectedFailure` (a ConnectionError, as a request on a connection
   an engine's restart killed raises), once.
 * `@label`: only where the caller's labels include it (the host labels a unit with the
@@ -32,6 +34,7 @@ class InjectedFailure(ConnectionError):
     """Raised by a `fail` failpoint."""
 
 
+ACTIONS = ("stop", "kill", "fail")
 _points: dict[str, tuple[str, str | None, int]] | None = None
 _hits: dict[str, int] = {}
 
@@ -42,8 +45,8 @@ def _parse(spec: str) -> dict[str, tuple[str, str | None, int]]:
         name, _, action = item.partition("=")
         action, _, nth = action.partition("#")
         action, _, label = action.partition("@")
-        if action not in ("stop", "fail"):
-            raise ValueError(f"{ENV}: unknown action {action!r} in {item!r} (known: stop, fail)")
+        if action not in ACTIONS:
+            raise ValueError(f"{ENV}: unknown action {action!r} in {item!r} (known: {', '.join(ACTIONS)})")
         out[name.strip()] = (action, label or None, int(nth or 1))
     return out
 
@@ -64,6 +67,9 @@ def hit(name: str, labels: Iterable[str] = ()) -> None:
     log.warning("failpoint %s: %s (pid %d)", name, action, os.getpid())
     if action == "fail":
         raise InjectedFailure(f"failpoint {name}: an injected failure")
+    if action == "kill":
+        logging.shutdown()  # the warning above reaches the process's log before it dies
+        os.kill(os.getpid(), signal.SIGKILL)
     if action == "stop":
         # Directed at this thread, not the process: a process-directed SIGSTOP is taken by
         # the main thread, and this one ran on (a Cassandra round, a whole commit) until the

@@ -80,5 +80,16 @@ def test_a_fail_failpoint_raises_once_at_its_nth_labelled_hit(monkeypatch: pytes
     failpoints.hit("take.resumed", ("healed",))  # once
     monkeypatch.setattr(failpoints, "_points", None)
     monkeypatch.setenv(failpoints.ENV, "take.resumed=crash")
-    with pytest.raises(ValueError, match="known: stop, fail"):
+    with pytest.raises(ValueError, match="known: stop, kill, fail"):
         failpoints.hit("take.resumed")
+
+
+def test_a_kill_failpoint_kills_the_process_at_its_step(tmp_path: Path) -> None:
+    """kill -9 at a named step: the thread that hit it never runs past it."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "FANOUT_FAILPOINTS": "commit.tracking=kill@MessageSent", "PYTHONPATH": str(root)}
+    marker = tmp_path / "marker"
+    child = subprocess.run([sys.executable, "-c", CHILD, str(marker)], env=env, timeout=60, capture_output=True)
+    assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+    assert b"failpoint commit.tracking: kill" in child.stderr
+    assert not marker.exists()
