@@ -1,4 +1,4 @@
-"""The reviewer console (issue 13, ADR-0026): static files shipped in the package
+"""The reviewer console (ADR-0026): static files shipped in the package
 (`api/console_assets/`, package data), served by every `fanout serve` under `/console/`.
 
 The page asks for an admin token and calls only the public admin API with it, so it holds

@@ -1,4 +1,4 @@
-"""SESSION_LIST_BATCH from the Cassandra views (issue 7 item 3): a user in 5,000 conversations
+"""SESSION_LIST_BATCH from the Cassandra views: a user in 5,000 conversations
 logs in; how long until the first SESSION_LIST_BATCH frame, and until the last.
 
     .venv/bin/python bench/cassandra_sessions.py                       # 5,000 conversations, 20 logins

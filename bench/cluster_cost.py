@@ -1,4 +1,5 @@
-"""Per-node cost of the distributed runtime on the three-node cluster at RF 3 (issue 14 item 3).
+"""Per-node cost of the distributed runtime on the three-node cluster at RF 3 (ADR-0027),
+the capacity arithmetic checked against a measurement.
 
     make cluster-up
     .venv/bin/python bench/cluster_cost.py                          # 10,000 members, 20 messages

@@ -1,8 +1,8 @@
-"""Fan-out through the distributed runtime on the real engines, end to end (issue 7 items 1, 2
-and 5): send accepted by an API replica (PostgreSQL) -> `fanout relay` (Kafka transaction) ->
-`fanout worker` (Faust, Cassandra views and mailbox) -> the delivery record's materialized_at.
+"""Fan-out through the distributed runtime on the real engines, end to end: send
+accepted by an API replica (PostgreSQL) -> `fanout relay` (Kafka transaction) -> `fanout worker`
+(Faust, Cassandra views and mailbox) -> the delivery record's materialized_at.
 
-    .venv/bin/python bench/distributed_fanout.py --http --preload 10000000      # issue 7's run
+    .venv/bin/python bench/distributed_fanout.py --http --preload 10000000      # 10M entries stored
     .venv/bin/python bench/distributed_fanout.py --http --workers 2 --preload 10000000
     .venv/bin/python bench/distributed_fanout.py --http --members 2000 --messages 3 --preload 20000   # smoke
 

@@ -1,4 +1,4 @@
-"""Many small groups on the distributed runtime (issue 7 item 4): sends accepted per second by
+"""Many small groups on the distributed runtime: sends accepted per second by
 API replicas on the PostgreSQL event store, and how fast the relay and the workers project them
 into Cassandra. The embedded runtime's number is bench/small_groups.py (one writer, ~1,100
 sends/s on this machine: docs/PERFORMANCE.md section 6).

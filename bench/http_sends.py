@@ -1,4 +1,4 @@
-"""Sends over HTTP, as a service publishes them (issue 12 item 6, ADR-0024): `fanout serve`
+"""Sends over HTTP, as a service publishes them (ADR-0024): `fanout serve`
 as a subprocess, --groups groups of --members members created over HTTP, then --messages sends
 (`POST /v1/conversations/{cid}/messages`, or with --batch N `POST /v1/messages/batch` of N)
 from --clients concurrent keep-alive aiohttp clients, round-robin over the groups.

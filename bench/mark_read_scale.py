@@ -1,4 +1,4 @@
-"""MARK_READ at scale (issue 7 item 9, ADR-0018): N members of one 100k-member group mark read
+"""MARK_READ at scale (ADR-0018): N members of one 100k-member group mark read
 at once through two API replicas (`FanoutApplication(shared_store=True)`) on one PostgreSQL
 event store, while a sender keeps sending into the same conversation, OLD versus NEW in the
 same run:

@@ -136,7 +136,7 @@ class DistributedRuntime:
         self.started_at = time.time()
         self.health: dict[str, Any] = {}
         # Until live workers have held every partition once, this replica is starting: writes
-        # would be accepted that no worker projects yet, so /readyz says not ready (issue 11).
+        # would be accepted that no worker projects yet, so /readyz says not ready.
         self.served = False
         self._progress = threading.Condition()
         # Partitions read waits are parked on (partition -> how many), and the last tracked

@@ -19,7 +19,7 @@ from projections.state import SessionItem, session_item
 SESSION_BATCH = 500
 # The first SESSION_LIST_BATCH holds a first screen, not a full frame: a client draws it while
 # the rest comes, and the store reads (and the login index serves) 100 conversations, not 500,
-# before it can go out (ADR-0028, amended in session 8).
+# before it can go out (ADR-0028, amended on 2026-12-04 in 6fa6f65).
 FIRST_SESSION_BATCH = 100
 MAX_PAGE = 1000
 

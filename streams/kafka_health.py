@@ -1,4 +1,4 @@
-"""Kafka's reachability as one process reports it (issue 11, item 8): one line, not a flood.
+"""Kafka's reachability as one process reports it: one line, not a flood.
 
 While Kafka is down its clients log every failed attempt: aiokafka (the worker's Faust
 consumer) about 76 ERROR lines a second, librdkafka (the pushes' consumer and the position

@@ -21,7 +21,7 @@ tenant is named `worker`.
 
 And, after each unit of work, the positions it left in the views (`ViewsTracked`, kind
 "tracked"): a replica learns how far the views are from them instead of reading the tracking
-rows from Cassandra every few milliseconds (issue 12; the replica still reads them, slowly, in
+rows from Cassandra every few milliseconds (the replica still reads them, slowly, in
 case a record is lost).
 
 confluent-kafka, plain threads: nothing here needs an event loop."""

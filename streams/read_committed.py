@@ -12,7 +12,7 @@ consecutive acked offsets and fills the gaps from spans it records as it reads; 
 records runs one offset too far, over the record after the gap, which is acked as well, and the
 duplicate ends the run: each commit advanced about one transaction, so under the relay's traffic
 the group's committed offsets fell hopelessly behind (7-26 of 313-482 records a partition in
-`tests/distributed/test_worker.py`; 503-531 of ~12,300 in session 16's benches), a restarted
+`tests/distributed/test_worker.py`; 503-531 of ~12,300 in the benches of 2026-12-06), a restarted
 worker or a partition that moved was handed nearly the whole partition again (skipped by the
 host's tracking, at 10-12 s of CPU), and Kafka's lag of the group said the workers were behind
 when they were not. The span bookkeeping also cost about a quarter of a worker's CPU under

@@ -1,4 +1,4 @@
-// The reviewer console (issue 13, ADR-0026). Plain JavaScript, no library, no inline code:
+// The reviewer console (ADR-0026). Plain JavaScript, no library, no inline code:
 // the page's Content-Security-Policy allows only this file. Everything it shows comes from
 // the public admin API with the token the reviewer pasted (kept in sessionStorage only).
 "use strict";
