@@ -1,4 +1,4 @@
-"""Node loss on the three-node cluster (issue 14 item 2, ADR-0027): Cassandra RF 3 at
+"""Node loss on the three-node cluster (ADR-0027): Cassandra RF 3 at
 LOCAL_QUORUM, Kafka with 3 replicas and min.insync.replicas=2, producers acks=all.
 
 The deployment is the crash tests' (tests/distributed/test_crash.py: its own database, topic

@@ -1,4 +1,4 @@
-"""A Cassandra crash heals itself (issue 11 item 4, ADR-0021), on the real engines.
+"""A Cassandra crash heals itself (ADR-0021), on the real engines.
 
 Cassandra runs here with `commitlog_sync: periodic` (acknowledged writes are fsynced every
 10 s), the setting under which a kill -9 of the node loses the last seconds of writes it
@@ -176,7 +176,7 @@ def test_kill_9_of_cassandra_during_a_burst_loses_no_acknowledged_message(
     top = max(acked)
     history = {m["conversation_seq"]: m["message_id"] for m in rt.views.messages(T, CID, 0, 10_000)}
     missing = {s: m for s, m in acked.items() if history.get(s) != m}
-    if missing:  # what the next one to see it needs (seen once in session 18, cause not found)
+    if missing:  # what the next one to see it needs (seen once on 2026-12-06, cause not found)
         near = {q: history.get(q) for s in missing for q in range(s - 2, s + 3)}
         pytest.fail(
             f"acknowledged but not in the history: {missing}; the history around them: {near}; "

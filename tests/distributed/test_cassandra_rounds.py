@@ -2,7 +2,7 @@
 waits for what it sent before it raises: nothing of a failed round is still landing when
 its caller retries it or drops the keyspace it wrote to (a verify that dropped its scratch
 keyspace under writes still in flight left Cassandra answering "Unknown CF" to other
-keyspaces' requests for minutes: session 7's first suite run)."""
+keyspaces' requests for minutes in a suite run of 2026-12-04)."""
 
 from __future__ import annotations
 

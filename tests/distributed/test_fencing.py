@@ -1,4 +1,4 @@
-"""A stale writer never overwrites newer views (issue 11, ADR-0021), on the real engines.
+"""A stale writer never overwrites newer views (ADR-0021), on the real engines.
 
 The case found by fault injection: worker A owns the partition of a large conversation Z and
 is paused (a GC pause, a VM stall: SIGSTOP) in the middle of a unit of work; after the

@@ -1,4 +1,4 @@
-"""Fresh reads (`min_position`) while one log partition stalls (issue 11, item 9), on the
+"""Fresh reads (`min_position`) while one log partition stalls, on the
 real engines: relay and two workers as subprocesses, an API replica serving HTTP.
 
 The worker holding conversation A's partition is paused (SIGSTOP: a GC pause, a VM

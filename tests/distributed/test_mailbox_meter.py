@@ -1,7 +1,7 @@
 """The views the composition root builds on Cassandra (`fanout.bootstrap.open_cassandra_views`)
 hand their mailbox store to the re-review meter (fanout.rereview.MailboxMeter, ADR-0026). The
 mailbox entries must still ride the first round of a unit of work (ADR-0025) and the meter
-must still count them: a session of this project lost 3-4x of the worker's and Cassandra's
+must still count them: a change of 2026-12-04 lost 3-4x of the worker's and Cassandra's
 CPU per small-group message for a day because the views took the wrapped store for another
 engine's and wrote its entries one batch per shard list ahead of the round."""
 

@@ -1,4 +1,4 @@
-"""Operators read one line, not a flood (issue 11, item 8), on the real engines.
+"""Operators read one line, not a flood, on the real engines.
 
 * A missing database: `fanout worker`, `python -m cli.worker` and `fanout serve` print one line
   naming the URL (without its password) and how to create the database, and exit 2 (before:

@@ -589,7 +589,7 @@ def test_an_abandoned_transaction_is_aborted_and_never_counted(
         w.close()
 
 
-# -- f. a relay paused mid-transaction while another takes over (issue 11, item 3) ---------------
+# -- f. a relay paused mid-transaction while another takes over ---------------------------------
 
 
 class PositionSampler:

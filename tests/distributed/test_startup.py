@@ -1,4 +1,4 @@
-"""No start-up races (issue 11, item 5; ADR-0022): any number of workers, relays and API
+"""No start-up races (ADR-0022): any number of workers, relays and API
 replicas started at the same moment, on fresh engines or on existing tables, all come up.
 
 * Four processes that only open the stores as the real ones do (tests/distributed/

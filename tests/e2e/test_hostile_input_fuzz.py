@@ -1,4 +1,4 @@
-"""Fuzz-ish (issue 5 item 4): hostile bodies and query strings against the real server.
+"""Fuzz-ish: hostile bodies and query strings against the real server.
 
 Whatever arrives, the answer is a 2xx or a 4xx (never a 5xx), its body is strict JSON
 (no NaN / Infinity literals), and a 4xx is the error body {"error", "message", "details"}.

@@ -56,7 +56,7 @@ def unauthenticated(reply: Any) -> None:
     expect(reply, 401, "UNAUTHENTICATED")
 
 
-# -- cross-tenant writes (issue 5 item 1) ------------------------------------------------
+# -- cross-tenant writes (ADR-0008) -----------------------------------------------------
 
 
 async def test_a_tenant_named_like_a_prefix_cannot_touch_another_tenants_conversation(
@@ -126,7 +126,7 @@ async def test_a_tenant_of_the_alphabet_at_its_longest_works(api: Api) -> None:
     assert expect(await svc.head("general"), 200)["member_count"] == 1
 
 
-# -- tokens (issue 5 item 4, token part) -------------------------------------------------
+# -- tokens (ADR-0008) -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Issue 5 item 4: hostile input is a 4xx with the JSON error body, never a 500, and
+"""Hostile input is a 4xx with the JSON error body, never a 500, and
 everything the server emits is strict JSON (no NaN / Infinity literals).
 
 Integers must fit SQLite's signed 64 bits; non-finite numbers are refused on input."""

@@ -1,4 +1,4 @@
-"""Operators read one line (issue 11, item 8): a distributed command whose engine URL is bad or
+"""Operators read one line: a distributed command whose engine URL is bad or
 whose engine does not answer at start-up prints one line `fanout: error: ...` naming the URL
 (never its password) and what to do, and exits 2: `fanout worker` (it printed a traceback and
 exited 1), `python -m cli.worker`, `fanout serve`. No engine is needed: a closed port stands

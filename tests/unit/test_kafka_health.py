@@ -1,4 +1,4 @@
-"""Kafka's reachability as one line, not a flood (streams/kafka_health.py, issue 11 item 8):
+"""Kafka's reachability as one line, not a flood (streams/kafka_health.py):
 the state changes and the summaries on a fake clock, and the gate that routes the Kafka
 clients' log records (aiokafka's, librdkafka's through confluent-kafka's `logger`)."""
 

@@ -200,7 +200,7 @@ def test_the_readme_layout_names_every_package_and_module() -> None:
     assert not missing, f"not in README's Layout: {missing}"
 
 
-LONG_MODULE = 400  # lines (issue 15: "no module over ~400 lines without a reason written at its top")
+LONG_MODULE = 400  # lines: no module over ~400 lines without a reason written at its top
 
 
 def test_a_module_over_400_lines_says_why_at_its_top() -> None:

@@ -1,4 +1,4 @@
-"""fanout.strict_json (issue 5 item 4) and the domain's own refusal of non-finite review parameters."""
+"""fanout.strict_json (hostile input never a 500) and the domain's own refusal of non-finite review parameters."""
 
 from __future__ import annotations
 

@@ -74,15 +74,15 @@ def commands(tenant: str, cid: str) -> dict[str, Callable[[EmbeddedRuntime], Any
     }
 
 
-ISSUE_COMMANDS = commands("acme/x", "secret")
+PREFIX_COMMANDS = commands("acme/x", "secret")
 
 
-@pytest.mark.parametrize("name", list(ISSUE_COMMANDS))
+@pytest.mark.parametrize("name", list(PREFIX_COMMANDS))
 def test_a_tenant_named_like_a_prefix_cannot_reach_another_tenants_conversation(
     rt: EmbeddedRuntime, name: str
 ) -> None:
-    """Issue 5 item 1: `acme/x` + `secret` used to load `acme`'s `x/secret`."""
-    refused(rt, InvalidArgument, lambda: ISSUE_COMMANDS[name](rt))
+    """A cross-tenant write: `acme/x` + `secret` used to load `acme`'s `x/secret`."""
+    refused(rt, InvalidArgument, lambda: PREFIX_COMMANDS[name](rt))
 
 
 @pytest.mark.parametrize(
@@ -118,7 +118,7 @@ def test_ids_that_cannot_be_stored_are_refused_before_anything_is_written(rt: Em
 
 def collide(monkeypatch: pytest.MonkeyPatch, cls: type[Any], victim: UUID) -> None:
     """Make `cls.create_id` derive the victim's id for every other name: what a
-    derivation collision (the bug of issue 5) would do."""
+    derivation collision (the cross-tenant write ADR-0008 fixed) would do."""
     original = cls.create_id
 
     def create_id(*args: Any, **kwargs: Any) -> UUID:
