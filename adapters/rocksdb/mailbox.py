@@ -35,6 +35,11 @@ _VAL = struct.Struct(">QB")
 
 _META_SHARDS = b"\xff\xff/meta/mailbox_shards"
 
+# Each write batch goes to the WAL without an fsync: a process crash (kill -9) loses nothing
+# written, a power loss or kernel crash may lose the last writes the OS had not yet flushed.
+# bench/durability.py prints it beside every bench's numbers.
+SYNC_WRITES = False
+
 
 def user_prefix(shard: int, tenant: str, user_id: str) -> bytes:
     t = tenant.encode()
@@ -79,7 +84,7 @@ class RocksMailbox:
                 f"shards: set it back to {int(stored)} or run `fanout rebuild mailbox`"
             )
         self._wo = WriteOptions()
-        self._wo.sync = False  # WAL on, no fsync per batch: survives a process crash (kill -9)
+        self._wo.sync = SYNC_WRITES
         self._prefixes: dict[str, dict[str, bytes]] = {}  # tenant -> user -> key prefix
         self._prefix_lists: dict[tuple[str, str, int], tuple[int, list[bytes]]] = {}
         self._lock = threading.Lock()
