@@ -1,7 +1,7 @@
 """The embedded runtime: one process over one data dir, the command side, the views, the
 in-process projection runner (`streams/embedded.py`, the shared host of `streams/host.py`) and
 the push hub. Implements `fanout.runtime.Runtime` as `fanout/distributed.py` does for the
-distributed runtime; built by the composition root (`fanout/bootstrap.py` `bootstrap`), which
+distributed runtime; built by the composition root (`fanout/bootstrap/embedded.py` `bootstrap`), which
 picks its adapters and hands them in."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ log = logging.getLogger("fanout.runtime")
 
 
 class Releasable(Protocol):
-    """The data dir's lock (fanout/bootstrap.py DataDirLock), released at close."""
+    """The data dir's lock (fanout/bootstrap/embedded.py DataDirLock), released at close."""
 
     def release(self) -> None: ...
 

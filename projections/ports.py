@@ -56,7 +56,7 @@ class MessageRefs:
 class LogPosition(NamedTuple):
     """Where one log partition's views stand: the position of the last unit committed and
     the log's next offset to read after it (-1 when the host does not know offsets). The
-    fencing check and the heal after lost writes read it (streams/host_fencing.py)."""
+    fencing check and the heal after lost writes read it (streams/host.py)."""
 
     position: int
     next_offset: int

@@ -1,7 +1,7 @@
 """The rows the views hold, typed once. The delivery projection writes them as dicts
 (`ViewWriter.put_head`, `put_message`, `put_delivery`, `put_states`), built as these
 TypedDicts (plain dicts at run time, their keys and types checked by mypy); every backend
-(adapters/sqlite, adapters/cassandra, adapters/memory) derives its column lists from
+(adapters/sqlite/, adapters/cassandra/, adapters/memory.py) derives its column lists from
 these types and answers with the dicts built here, so the three stop spelling them
 separately and the wire shape (tests/e2e, tests/contract) is defined in one place.
 

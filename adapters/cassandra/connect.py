@@ -7,7 +7,7 @@ share one (`open_session`); the driver's log filters are installed here too.
 Ownership: the caller of `open_session` owns the Connection until it hands it to a store
 as `connection=`; that store's close() closes it. A store given only the session borrows
 it and never shuts the Cluster down. Connection.close() shuts the Cluster down once;
-closing again does nothing. The composition root (fanout/bootstrap.py
+closing again does nothing. The composition root (fanout/bootstrap/replica.py
 `open_cassandra_views`) gives it to the views, whose close() closes the mailbox, then it."""
 
 from __future__ import annotations

@@ -273,7 +273,7 @@ class CassandraViews:
         """Views on a session of their own (connect.open_session: the keyspace and the views'
         tables created if absent), which they own; `settings`: fanout.urls.CassandraSettings;
         `partitions`: the Kafka topic's partition count. The composition root shares one
-        session between the views and the mailbox instead (fanout/bootstrap.py)."""
+        session between the views and the mailbox instead (fanout/bootstrap/replica.py)."""
         connection = open_session(settings, tables=TABLES)
         try:
             return cls(

@@ -292,7 +292,7 @@ class SqliteViews:
     def __init__(
         self, data_dir: Path | str, mailbox: MailboxStore, *, prefix: str = "", readonly: bool = False
     ) -> None:
-        """`mailbox` is the mailbox store these views own (which engine: fanout/bootstrap.py).
+        """`mailbox` is the mailbox store these views own (which engine: fanout/bootstrap/embedded.py).
         `readonly`: open existing views without writing anything (no migration), to read
         beside a running serve."""
         self.dir = Path(data_dir)
