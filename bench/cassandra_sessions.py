@@ -50,6 +50,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -65,6 +66,7 @@ from distributed_common import (  # noqa: E402
     wait_workers,
     watch_fleet,
 )
+from durability import distributed as durability_in_force  # noqa: E402
 
 from fanout.bootstrap import bootstrap_distributed  # noqa: E402
 from fanout.config import load_settings  # noqa: E402
@@ -111,6 +113,41 @@ async def websocket_logins(base: str, repeats: int) -> tuple[list[float], list[f
     return first, whole, frames, sessions
 
 
+def build(rt: Any, conversations: int, spread_hours: float, behind: list[float]) -> None:
+    """The user's `conversations` through the runtime `rt` (either runtime's): each created with
+    the user and one other member, who sends one message in it; `behind[0]` is how far the
+    runtime's clock is set back, so that their last activity spreads over `spread_hours`."""
+    t = time.monotonic()
+    for i in range(conversations):
+        behind[0] = spread_hours * 3600.0 * (1.0 - i / conversations)
+        cid, other = f"c{i:05d}", f"o{i:05d}"
+        rt.app.create_conversation(TENANT, cid, f"conversation {i}", [USER, other])
+        rt.app.send_message(TENANT, cid, sender=other, text=f"hello from {other}")
+        if (i + 1) % 1000 == 0:
+            print(f"  built {i + 1:,} conversations in {time.monotonic() - t:.0f} s", flush=True)
+    behind[0] = 0.0
+    built = time.monotonic() - t
+    rt.wait_until(rt.log_position(), 1800)
+    print(f"{conversations:,} conversations (create + one send each) through the runtime in "
+          f"{built:.1f} s; the views held them {time.monotonic() - t:.1f} s after the first", flush=True)  # fmt: skip
+
+
+def websocket_report(base: str, watch: MemoryWatch, args: argparse.Namespace, first_login: str) -> None:
+    """The logins over the WebSocket (one warm-up, the user's first, then --repeats) and the CPU
+    every watched process used a login."""
+    ws_cpu0 = watch.cpu()
+    first, whole, frames, sessions = asyncio.run(websocket_logins(base, args.repeats))
+    ws_cpu = {name: (sec - ws_cpu0.get(name, 0.0)) / (args.repeats + 1) for name, sec in watch.cpu().items()}
+    print(f"SESSION_LIST_BATCH for a user in {args.conversations:,} conversations ({sessions:,} sessions in "
+          f"{frames} frames), {args.repeats} logins each; last activity over {args.spread_hours:g} hours:")  # fmt: skip
+    print(f"  WebSocket (fanout serve)  {first_login}: first batch "
+          f"{1000 * first[0]:.1f} ms, last batch {1000 * whole[0]:.1f} ms")  # fmt: skip
+    print(f"                            AUTH sent -> first batch  {ms(first[1:])}")
+    print(f"                            AUTH sent -> last batch   {ms(whole[1:])}")
+    print("                            CPU a login (the warm-up's included): "
+          + ", ".join(f"{name} {1000 * sec:.1f} ms" for name, sec in ws_cpu.items() if sec >= 0.0005))  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--conversations", type=int, default=5000)
@@ -150,32 +187,10 @@ def main() -> int:
         watch_fleet(watch, fleet, "this process (replica)")
         watch.start()
         print(f"relay + 1 worker + fanout serve up in {wait_workers(rt, 1):.1f} s (logs {fleet.logs})", flush=True)
+        print(durability_in_force(ns.urls), flush=True)
 
-        t = time.monotonic()
-        for i in range(args.conversations if args.reuse is None else 0):
-            behind[0] = args.spread_hours * 3600.0 * (1.0 - i / args.conversations)
-            cid, other = f"c{i:05d}", f"o{i:05d}"
-            rt.app.create_conversation(TENANT, cid, f"conversation {i}", [USER, other])
-            rt.app.send_message(TENANT, cid, sender=other, text=f"hello from {other}")
-            if (i + 1) % 1000 == 0:
-                print(f"  built {i + 1:,} conversations in {time.monotonic() - t:.0f} s", flush=True)
-        behind[0] = 0.0
-        built = time.monotonic() - t
-        rt.wait_until(rt.log_position(), 1800)
-        print(f"{args.conversations:,} conversations (create + one send each) through the runtime in "
-              f"{built:.1f} s; the views held them {time.monotonic() - t:.1f} s after the first", flush=True)  # fmt: skip
-
-        ws_cpu0 = watch.cpu()
-        first, whole, frames, sessions = asyncio.run(websocket_logins(base, args.repeats))
-        ws_cpu = {name: (sec - ws_cpu0.get(name, 0.0)) / (args.repeats + 1) for name, sec in watch.cpu().items()}
-        print(f"SESSION_LIST_BATCH for a user in {args.conversations:,} conversations ({sessions:,} sessions in "
-              f"{frames} frames), {args.repeats} logins each; last activity over {args.spread_hours:g} hours:")  # fmt: skip
-        print(f"  WebSocket (fanout serve)  the user's first login (no head cached): first batch "
-              f"{1000 * first[0]:.1f} ms, last batch {1000 * whole[0]:.1f} ms")  # fmt: skip
-        print(f"                            AUTH sent -> first batch  {ms(first[1:])}")
-        print(f"                            AUTH sent -> last batch   {ms(whole[1:])}")
-        print("                            CPU a login (the warm-up's included): "
-              + ", ".join(f"{name} {1000 * sec:.1f} ms" for name, sec in ws_cpu.items() if sec >= 0.0005))  # fmt: skip
+        build(rt, args.conversations if args.reuse is None else 0, args.spread_hours, behind)
+        websocket_report(base, watch, args, "the user's first login (no head cached)")
 
         q_first, q_whole, q_uncached, q_full_first, states_t, heads_t = [], [], [], [], [], []
         q_uncopied: list[float] = []

@@ -92,9 +92,11 @@ class Fleet(deploy.Fleet):
         for i in range(workers):
             self.start(f"worker-{i + 1}", "cli.worker", *worker_args)
 
-    def start_serve(self) -> Http:
+    def start_serve(self, data_dir: Path | None = None) -> Http:
+        """`fanout serve` over `data_dir` (default: a new temporary one; the embedded runtime's
+        stores when the fleet has no engine URLs), answering /healthz."""
         port = free_port()
-        data = tempfile.mkdtemp(prefix="fanout-bench-serve-")
+        data = str(data_dir) if data_dir is not None else tempfile.mkdtemp(prefix="fanout-bench-serve-")
         self.start("serve", "cli.main", "serve", "--data-dir", data, "--port", str(port))
         http = Http(f"http://127.0.0.1:{port}", service_token())
         deadline = time.monotonic() + 120

@@ -65,6 +65,7 @@ from distributed_common import (  # noqa: E402
     wait_workers,
     watch_fleet,
 )
+from durability import distributed as durability_in_force  # noqa: E402
 
 from adapters.cassandra.connect import open_cluster  # noqa: E402
 from adapters.cassandra.mailbox import IN_FLIGHT, CassandraMailbox, hour_of, partition_shard, ref  # noqa: E402
@@ -188,6 +189,7 @@ def main() -> int:
     ap.add_argument("--preload-users", type=int, default=100_000, help="members per preload message")
     ap.add_argument("--naive-members", type=int, help="members the naive writer writes (default --members)")
     ap.add_argument("--naive-messages", type=int, default=1)
+    ap.add_argument("--no-naive", action="store_true", help="leave the naive writer out (bench/headline.py)")
     ap.add_argument("--naive-parts-members", type=int, default=20_000, help="members of the INSERT-only and "
                     "counter-only runs that show where the naive writer's time goes")  # fmt: skip
     ap.add_argument("--keep", action="store_true", help="keep the database, topic and keyspace")
@@ -216,6 +218,7 @@ def main() -> int:
         up = wait_workers(rt, args.workers)
         print(f"relay + {args.workers} worker(s){' + fanout serve' if http else ''} up in {up:.1f} s "
               f"(logs {fleet.logs})", flush=True)  # fmt: skip
+        print(durability_in_force(ns.urls), flush=True)
 
         members = [f"u{i:06d}" for i in range(args.members)]
         head = rt.views.head(TENANT, GROUP)
@@ -278,19 +281,20 @@ def main() -> int:
         mine = proc_status(os.getpid())
         print(f"this process before the naive writer: VmRSS {mine.get('VmRSS', 0) / 1024:,.0f} MiB, "
               f"VmHWM {mine.get('VmHWM', 0) / 1024:,.0f} MiB", flush=True)  # fmt: skip
-        naive_members = members[: args.naive_members or len(members)]
-        n, seconds = naive_writer(c, naive_members, args.naive_messages, "both")
-        naive = n / seconds
-        print(f"naive writer (per member: INSERT + counter UPDATE, execute_concurrent {IN_FLIGHT} in flight): "
-              f"{n:,} entries in {seconds:.2f} s = {naive:,.0f} entries/s "
-              f"({len(naive_members):,} members x {args.naive_messages} message(s), measured, not extrapolated)",
-              flush=True)  # fmt: skip
-        print(f"ratio: end to end {rate:,.0f} / naive {naive:,.0f} = {rate / naive:.1f}x", flush=True)
-        few = members[: min(len(members), args.naive_parts_members)]
-        for part in ("insert", "counter"):
-            n, seconds = naive_writer(c, few, 1, part)
-            print(f"  naive writer's parts apart, {len(few):,} members: {part} only {n / seconds:,.0f} statements/s",
+        if not args.no_naive:
+            naive_members = members[: args.naive_members or len(members)]
+            n, seconds = naive_writer(c, naive_members, args.naive_messages, "both")
+            naive = n / seconds
+            print(f"naive writer (per member: INSERT + counter UPDATE, execute_concurrent {IN_FLIGHT} in flight): "
+                  f"{n:,} entries in {seconds:.2f} s = {naive:,.0f} entries/s "
+                  f"({len(naive_members):,} members x {args.naive_messages} message(s), measured, not extrapolated)",
                   flush=True)  # fmt: skip
+            print(f"ratio: end to end {rate:,.0f} / naive {naive:,.0f} = {rate / naive:.1f}x", flush=True)
+            few = members[: min(len(members), args.naive_parts_members)]
+            for part in ("insert", "counter"):
+                n, seconds = naive_writer(c, few, 1, part)
+                print(f"  naive writer's parts apart, {len(few):,} members: {part} only {n / seconds:,.0f} "
+                      "statements/s", flush=True)  # fmt: skip
         print(watch.report(), flush=True)
     finally:
         watch.stop.set()

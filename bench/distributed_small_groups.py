@@ -74,6 +74,7 @@ from distributed_common import (  # noqa: E402
     watch_fleet,
     writes_report,
 )
+from durability import distributed as durability_in_force  # noqa: E402
 from group_members import add_users_option  # noqa: E402
 from group_members import member as group_member  # noqa: E402
 
@@ -243,6 +244,7 @@ def main() -> int:
         watch.start()
         print(f"relay + {args.workers} worker(s) up in {wait_workers(rt, args.workers):.1f} s "
               f"(logs {fleet.logs})", flush=True)  # fmt: skip
+        print(durability_in_force(ns.urls), flush=True)
 
         t = time.monotonic()
         for g in range(args.groups):

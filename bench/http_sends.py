@@ -71,6 +71,8 @@ from distributed_common import (  # noqa: E402
     free_port,
     watch_fleet,
 )
+from durability import distributed as distributed_durability  # noqa: E402
+from durability import embedded as embedded_durability  # noqa: E402
 
 # Read by the server's harness (not FANOUT_*: serve refuses unknown FANOUT_ settings).
 PROFILE_ENV = "BENCH_HTTP_PROFILE_DIR"
@@ -316,6 +318,7 @@ def bench_one(args: argparse.Namespace, runtime: str) -> None:
         t = time.monotonic()
         server.start()
         print(f"{runtime}: fanout serve ready in {time.monotonic() - t:.1f} s", flush=True)
+        print(embedded_durability() if server.ns is None else distributed_durability(server.ns.urls), flush=True)
         server.watch(watch)
         watch.start()
         asyncio.run(run_bench(args, server, watch))
@@ -332,6 +335,7 @@ def in_process(args: argparse.Namespace) -> None:
     from fanout.bootstrap import bootstrap
     from fanout.config import load_settings
 
+    print(embedded_durability(), flush=True)
     data = Path(tempfile.mkdtemp(prefix="fanout-bench-http-inproc-"))
     try:
         with bootstrap(load_settings(OPEN_GATES), data) as rt:

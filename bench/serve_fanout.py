@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from distributed_common import MemoryWatch
+from durability import embedded as durability_in_force
 
 
 def free_port() -> int:
@@ -108,6 +110,10 @@ def main() -> None:
                 time.sleep(0.05)
         sampler = RssSampler(server.pid)
         sampler.start()
+        print(durability_in_force(), flush=True)
+        watch = MemoryWatch()  # CPU seconds of the server and of this process (the client)
+        watch.watch("fanout serve", lambda: [server.pid])
+        watch.watch("this process (the client)", lambda: [os.getpid()])
         users = [f"u{i:06d}" for i in range(args.members)]
         call(base, token, "POST", "/v1/conversations", {"conversation_id": "big", "title": "bench"})
         for i in range(0, len(users), 50_000):
@@ -126,6 +132,7 @@ def main() -> None:
             file=sys.stderr,
         )
 
+        cpu0 = watch.cpu()
         t0 = time.perf_counter()
         for i in range(args.messages):
             status, r = call(base, token, "POST", "/v1/conversations/big/messages", {"sender": users[i], "text": f"b{i}"})
@@ -133,6 +140,7 @@ def main() -> None:
             seq = r["conversation_seq"]
         wait_materialized(base, token, seq)
         burst = time.perf_counter() - t0
+        cpu1 = watch.cpu()
 
         lat = []
         for i in range(args.latency_messages):
@@ -144,6 +152,7 @@ def main() -> None:
         entries = args.members * args.messages
         print(f"serve over HTTP, {args.members:,} members, {args.members * args.prefill_messages:,} entries stored first")
         print(f"  burst        {args.messages} messages = {entries:,} entries materialized in {burst:.2f}s = {entries / burst:,.0f} entries/s")
+        print("  " + watch.cpu_report(cpu0, cpu1, burst))
         print(
             f"  latency      send accepted -> materialized_at p50 {statistics.median(lat):.0f} ms, max {max(lat):.0f} ms"
         )

@@ -20,6 +20,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+from durability import embedded as durability_in_force
 from group_members import add_users_option
 from group_members import member as group_member
 
@@ -36,6 +37,7 @@ def main() -> None:
     add_users_option(ap)
     args = ap.parse_args()
     member = partial(group_member, members=args.members, users=args.users)
+    print(durability_in_force(), flush=True)
 
     root = Path(tempfile.mkdtemp(prefix="fanout-small-bench-"))
     clock = [1_800_000_000.0]
