@@ -16,6 +16,11 @@ start a process with FANOUT_FAILPOINTS naming the points and what happens there:
   kinds of the events it applies: MessageSent, MembersJoined, ...); without it, any hit.
 * `#n`: at the n-th such hit (default the first).
 
+With FANOUT_FAILPOINTS_FIRED set to a directory, a point fires only where it can create the
+file `<directory>/<name>` (the first process to get there, of all started with the same
+setting: two workers sharing partitions, the one that takes over after the first is killed
+runs on), and the file, holding the pid, tells the test the fault landed at its step.
+
 Read once from the environment at the first hit; costs a dict lookup per hit when unset."""
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from collections.abc import Iterable
 
 log = logging.getLogger("fanout.failpoints")
 ENV = "FANOUT_FAILPOINTS"
+FIRED_ENV = "FANOUT_FAILPOINTS_FIRED"
 
 
 class InjectedFailure(ConnectionError):
@@ -51,6 +57,19 @@ def _parse(spec: str) -> dict[str, tuple[str, str | None, int]]:
     return out
 
 
+def _first_to_fire(name: str) -> bool:
+    fired = os.environ.get(FIRED_ENV)
+    if not fired:
+        return True
+    try:
+        fd = os.open(os.path.join(fired, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+    return True
+
+
 def hit(name: str, labels: Iterable[str] = ()) -> None:
     global _points
     if _points is None:
@@ -62,7 +81,7 @@ def hit(name: str, labels: Iterable[str] = ()) -> None:
     if label is not None and label not in set(labels):
         return
     _hits[name] = _hits.get(name, 0) + 1
-    if _hits[name] != nth:
+    if _hits[name] != nth or not _first_to_fire(name):
         return
     log.warning("failpoint %s: %s (pid %d)", name, action, os.getpid())
     if action == "fail":

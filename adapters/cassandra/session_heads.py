@@ -3,7 +3,7 @@
 a user's heads from at most SESSION_HEAD_SHARDS partitions. Here: a conversation's shard, and
 the copy's rows of a unit of work serialized as a batch carries them (ADR-0039's way: the
 driver's bind cost ~20 us a row, this ~5), each with its head's stamp. The commit writes them
-after the heads (adapters/cassandra/views.py); the login reads them (`CassandraViews.heads`)."""
+after the heads (adapters/cassandra/views.py); the login reads them (login.py `LoginReads.heads`)."""
 
 from __future__ import annotations
 

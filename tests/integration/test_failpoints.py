@@ -93,3 +93,22 @@ def test_a_kill_failpoint_kills_the_process_at_its_step(tmp_path: Path) -> None:
     assert child.returncode == -signal.SIGKILL, child.stderr.decode()
     assert b"failpoint commit.tracking: kill" in child.stderr
     assert not marker.exists()
+
+
+def test_with_a_fired_directory_only_the_first_process_to_get_there_fires(tmp_path: Path) -> None:
+    """Two workers started alike: the one that takes over after the first was killed at the
+    point runs past it; the file the first one made names it."""
+    root = Path(__file__).resolve().parents[2]
+    fired = tmp_path / "fired"
+    fired.mkdir()
+    env = {
+        **os.environ,
+        "FANOUT_FAILPOINTS": "commit.tracking=kill@MessageSent",
+        "FANOUT_FAILPOINTS_FIRED": str(fired),
+        "PYTHONPATH": str(root),
+    }
+    first = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "m1")], env=env, timeout=60)
+    second = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "m2")], env=env, timeout=60)
+    assert first.returncode == -signal.SIGKILL and not (tmp_path / "m1").exists()
+    assert second.returncode == 0 and (tmp_path / "m2").read_text() == "ran past the failpoint"
+    assert (fired / "commit.tracking").read_text().isdigit()
