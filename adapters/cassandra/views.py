@@ -14,11 +14,12 @@ without the tracking, and the projections are idempotent for that
 Every read is one partition (or a bounded set of partitions read concurrently); no
 join. Layout, keys, consistency and numbers: docs/adr/0014-cassandra-data-model.md.
 The mailbox store is given to the constructor (the composition root picks it); the
-session and the tables come from connect.py and schema.py.
+session and the tables come from connect.py and schema.py, the prepared statements from
+statements.py, the rows of each round from writer.py, the login's reads from login.py.
 
-Why this module is long: the ViewStore on Cassandra: its prepared statements, the commit's
-rounds (the rows come from writer.py) and every read of the ReadSide port, which share one
-session and one set of statements."""
+Why this module is long: the ViewStore on Cassandra: the commit's rounds and every read of
+the ReadSide port but the login's, which share one session, one set of statements and the
+replica's push counts."""
 
 from __future__ import annotations
 
@@ -34,56 +35,28 @@ from typing import Any
 
 from cassandra.cluster import Session
 from cassandra.concurrent import execute_concurrent_with_args
-from cassandra.query import PreparedStatement
 
 from adapters.cassandra.batches import Row, grouped
 from adapters.cassandra.connect import TUPLE_ROWS, Connection, open_session, run
+from adapters.cassandra.login import LoginReads
 from adapters.cassandra.mailbox import CassandraMailbox, Statements
 from adapters.cassandra.mailbox_floors import COPY as FLOORS
-from adapters.cassandra.mailbox_floors import SELECT as SELECT_FLOOR
-from adapters.cassandra.mailbox_floors import UPDATE as UPDATE_FLOOR
 from adapters.cassandra.schema import TABLES
-from adapters.cassandra.session_heads import session_head_shard
-from adapters.cassandra.session_states import COPY as STATES_COPY
-from adapters.cassandra.session_states import session_of_cell, vouched
 from adapters.cassandra.stamps import stamp
-from adapters.cassandra.writer import (
-    MEMBER_BATCH_ROWS,
-    SESSION_STATE_COLUMNS,
-    CassandraWriter,
-    conversation_batches,
-    json_body,
-    session_state,
-    state_row,
-)
-from projections.head_cache import HeadCache
+from adapters.cassandra.statements import ViewStatements
+from adapters.cassandra.writer import MEMBER_BATCH_ROWS, CassandraWriter, conversation_batches, json_body, state_row
 from projections.ports import ALL_TARGETS, LogPosition, MailboxEntry, MailboxStore
-from projections.rows import (
-    DELIVERY_RECORD,
-    HEAD_COLUMNS,
-    MESSAGE_COLUMNS,
-    STATE_COLUMNS,
-    delivery_dict,
-    head_dict,
-    message_dict,
-)
-from projections.state import SessionHead, SessionItem, SessionState, UserConversationState
+from projections.rows import delivery_dict, head_dict, message_dict
+from projections.state import UserConversationState
 
 IN_FLIGHT = 200  # requests in the air at once
 PUSH_COUNTS_KEPT = 10_000  # messages whose push count a replica remembers (a message is pushed at once)
 ACTIVITY_READS = 256  # conversations' states partitions an activity read has read at once (memory bounded)
-HEADS_PER_READ = 100  # conversation heads read by one request of the login's batched read
-# A login's heads read from the session heads' copy (ADR-0042) when at least this many, and this
-# many of one partition to a request (docs/PERFORMANCE.md section 22)
-COPY_READ_FROM = 500
-COPY_PER_READ = 100
-# rows of the user's states partition per page of the login's read (one page for most users)
-SESSION_STATES_PAGE = 10_000
-COPY_RECHECK = 30.0  # seconds between asking whether the states' copy is vouched, until it is
 
 
-class CassandraViews:
-    """A ViewStore on Cassandra (plus the mailbox store it is given)."""
+class CassandraViews(LoginReads):
+    """A ViewStore on Cassandra (plus the mailbox store it is given); the login's reads are
+    login.py's."""
 
     atomic_units = False  # a commit in rounds (ADR-0025): a crash between them leaves some written
 
@@ -103,111 +76,17 @@ class CassandraViews:
         (close() closes it, after the mailbox; connect.py); `in_flight`:
         requests in the air at once while a unit of work commits (ADR-0027: at RF 3 each
         is three replicas' work, and too many time out in the replicas' queues)."""
-        self.session = session
+        self._w, reads = ViewStatements.prepare(session, keyspace)
+        super().__init__(session, keyspace, reads)
         self.in_flight = in_flight
-        self.keyspace = keyspace
         self.mailbox: MailboxStore = mailbox
         self.partitions = partitions
         self._connection = connection
-        # An API replica's cache of the heads its logins read (ADR-0035), fed by the workers'
-        # commit records; None elsewhere (workers, tools): every head is read.
-        self.head_cache: HeadCache | None = None
-        self.copy_read_from = COPY_READ_FROM  # a login's heads from the session heads' copy from this many
-        self.read_states_copy = True  # False: a login reads user_states even where the copy is vouched (benches)
-        # copy -> vouched complete (ADR-0043's states copy, ADR-0045's mailbox floors), and when asked
-        self._vouched: dict[str, bool] = {}
-        self._vouched_asked: dict[str, float] = {}
         self._lock = threading.Lock()  # one unit of work at a time
         self._pushes_lock = threading.Lock()
         self._pushed: dict[tuple[str, str, int], int] = {}  # this replica's push counts, the latest kept
         self.pusher = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._written = 0  # the last review write stamp (reviews are listed in write order)
-        ks = keyspace
-        p = session.prepare
-        state_cols = ", ".join(STATE_COLUMNS)
-        state_marks = ", ".join("?" * len(STATE_COLUMNS))
-        ts = "USING TIMESTAMP ?"  # every write of a unit: its log position's stamp (stamps.py)
-        self._w: dict[str, PreparedStatement] = {
-            "track": p(f"INSERT INTO {ks}.tracking (projection, partition, position) VALUES (?, ?, ?) {ts}"),
-            "floor": p(UPDATE_FLOOR.format(ks=ks)),  # written with a user's state row (ADR-0045)
-            "log_position": p(
-                f"INSERT INTO {ks}.log_positions (partition, position, next_offset) VALUES (?, ?, ?) {ts}"
-            ),
-            "head": p(
-                f"INSERT INTO {ks}.heads (tenant, conversation_id, {', '.join(HEAD_COLUMNS)}) "
-                f"VALUES (?, ?, {', '.join('?' * len(HEAD_COLUMNS))}) {ts}"
-            ),
-            "session_head": p(
-                f"INSERT INTO {ks}.session_heads (tenant, shard, {', '.join(SessionHead._fields)}) "
-                f"VALUES (?, ?, {', '.join('?' * len(SessionHead._fields))}) {ts}"
-            ),
-            "by_aggregate": p(
-                f"INSERT INTO {ks}.heads_by_aggregate (aggregate_id, tenant, conversation_id) VALUES (?, ?, ?) {ts}"
-            ),
-            "by_tenant": p(
-                f"INSERT INTO {ks}.heads_by_tenant (tenant, conversation_id, size_bucket) VALUES (?, ?, ?) {ts}"
-            ),
-            "message": p(
-                f"INSERT INTO {ks}.messages (tenant, {', '.join(MESSAGE_COLUMNS)}) "
-                f"VALUES (?, {', '.join('?' * len(MESSAGE_COLUMNS))}) {ts}"
-            ),
-            "broadcast": p(
-                f"INSERT INTO {ks}.broadcasts (tenant, conversation_id, conversation_seq) VALUES (?, ?, ?) {ts}"
-            ),
-            "delivery": p(
-                f"INSERT INTO {ks}.delivery (tenant, conversation_id, conversation_seq, {', '.join(DELIVERY_RECORD)}, "
-                f"materialized_at) VALUES (?, ?, ?, {', '.join('?' * len(DELIVERY_RECORD))}, ?) {ts}"
-            ),
-            "conv_state": p(
-                f"INSERT INTO {ks}.conversation_states (tenant, conversation_id, user_id, {state_cols}) "
-                f"VALUES (?, ?, ?, {state_marks}) {ts}"
-            ),
-            "user_state": p(
-                f"INSERT INTO {ks}.user_states (tenant, user_id, conversation_id, {state_cols}) "
-                f"VALUES (?, ?, ?, {state_marks}) {ts}"
-            ),
-            "conv_gap": p(
-                f"UPDATE {ks}.conversation_states {ts} SET delivered_conversation_seq=?, skipping=?, gap_end=? "
-                "WHERE tenant=? AND conversation_id=? AND user_id=?"
-            ),
-            "user_gap": p(
-                f"UPDATE {ks}.user_states {ts} SET delivered_conversation_seq=?, skipping=?, gap_end=? "
-                "WHERE tenant=? AND user_id=? AND conversation_id=?"
-            ),
-            "conv_delete": p(
-                f"DELETE FROM {ks}.conversation_states {ts} WHERE tenant=? AND conversation_id=? AND user_id=?"
-            ),
-            "user_delete": p(f"DELETE FROM {ks}.user_states {ts} WHERE tenant=? AND user_id=? AND conversation_id=?"),
-            # the login's copy of user_states (ADR-0043), written with it (writer.py rows)
-            "session_state": p(
-                f"INSERT INTO {ks}.session_states (tenant, user_id, conversation_id, state) VALUES (?, ?, ?, ?) {ts}"
-            ),
-            "session_state_gap": p(
-                f"UPDATE {ks}.session_states {ts} SET state=? WHERE tenant=? AND user_id=? AND conversation_id=?"
-            ),
-            "session_state_delete": p(
-                f"DELETE FROM {ks}.session_states {ts} WHERE tenant=? AND user_id=? AND conversation_id=?"
-            ),
-            "index": p(
-                f"INSERT INTO {ks}.login_index (tenant, user_id, bucket, conversation_id) VALUES (?, ?, ?, ?) {ts}"
-            ),
-            "unindex": p(
-                f"DELETE FROM {ks}.login_index {ts} WHERE tenant=? AND user_id=? AND bucket=? AND conversation_id=?"
-            ),
-            "review": p(f"INSERT INTO {ks}.reviews (review_id, tenant, body, written) VALUES (?, ?, ?, ?) {ts}"),
-            "review_by_tenant": p(
-                f"INSERT INTO {ks}.reviews_by_tenant (tenant, review_id, body, written) VALUES (?, ?, ?, ?) {ts}"
-            ),
-            "tier": p(f"UPDATE {ks}.tiers {ts} SET body = body + ? WHERE tier_id = ?"),
-            "capacity": p(f"INSERT INTO {ks}.capacity (projection, body) VALUES (?, ?) {ts}"),
-            # not from the log (no fencing stamp): a replica's count, a monitor's compare-and-set
-            "pushes": p(
-                f"INSERT INTO {ks}.delivery_pushes (tenant, conversation_id, conversation_seq, pusher, pushes) "
-                "VALUES (?, ?, ?, ?, ?)"
-            ),
-            "capacity_create": p(f"INSERT INTO {ks}.capacity (projection, body) VALUES (?, ?) IF NOT EXISTS"),
-            "capacity_swap": p(f"UPDATE {ks}.capacity SET body=? WHERE projection=? IF body=?"),
-        }
         # the mailbox table of this keyspace: its entries ride the first round of a commit. The
         # composition root may hand the store in wrapped (a meter of its writes, with `inner`):
         # the entries still ride round A, and the wrapper is told how long that round took
@@ -218,55 +97,8 @@ class CassandraViews:
             inner if isinstance(inner, CassandraMailbox) and inner.keyspace == keyspace else None
         )
         self._mailbox_statements: Statements | None = (
-            Statements.prepare(session, ks) if self._cassandra_mailbox is not None else None
+            Statements.prepare(session, keyspace) if self._cassandra_mailbox is not None else None
         )
-        self._r: dict[str, PreparedStatement] = {
-            "position": p(f"SELECT position FROM {ks}.tracking WHERE projection=? AND partition=?"),
-            "projection": p(f"SELECT partition, position FROM {ks}.tracking WHERE projection=?"),
-            "head": p(f"SELECT * FROM {ks}.heads WHERE tenant=? AND conversation_id=?"),
-            "heads_in": p(
-                f"SELECT {', '.join(SessionHead._fields)} FROM {ks}.heads WHERE tenant=? AND conversation_id IN ?"
-            ),
-            "session_heads_in": p(
-                f"SELECT {', '.join(SessionHead._fields)} FROM {ks}.session_heads "
-                "WHERE tenant=? AND shard=? AND conversation_id IN ?"
-            ),
-            "by_aggregate": p(f"SELECT tenant, conversation_id FROM {ks}.heads_by_aggregate WHERE aggregate_id=?"),
-            "by_tenant": p(f"SELECT conversation_id, size_bucket FROM {ks}.heads_by_tenant WHERE tenant=?"),
-            "conv_states": p(f"SELECT * FROM {ks}.conversation_states WHERE tenant=? AND conversation_id=?"),
-            "last_active": p(f"SELECT last_active FROM {ks}.conversation_states WHERE tenant=? AND conversation_id=?"),
-            "floor": p(SELECT_FLOOR.format(ks=ks)),
-            "broadcasts": p(f"SELECT conversation_seq FROM {ks}.broadcasts WHERE tenant=? AND conversation_id=?"),
-            "state": p(f"SELECT * FROM {ks}.user_states WHERE tenant=? AND user_id=? AND conversation_id=?"),
-            "user_states": p(f"SELECT * FROM {ks}.user_states WHERE tenant=? AND user_id=?"),
-            "session_states": p(
-                f"SELECT conversation_id, {', '.join(SESSION_STATE_COLUMNS)} FROM {ks}.user_states "
-                "WHERE tenant=? AND user_id=?"
-            ),
-            "session_states_in": p(
-                f"SELECT conversation_id, {', '.join(SESSION_STATE_COLUMNS)} FROM {ks}.user_states "
-                "WHERE tenant=? AND user_id=? AND conversation_id IN ?"
-            ),
-            "states_copy": p(f"SELECT conversation_id, state FROM {ks}.session_states WHERE tenant=? AND user_id=?"),
-            "states_copy_in": p(
-                f"SELECT conversation_id, state FROM {ks}.session_states "
-                "WHERE tenant=? AND user_id=? AND conversation_id IN ?"
-            ),
-            "login_index": p(f"SELECT bucket, conversation_id FROM {ks}.login_index WHERE tenant=? AND user_id=?"),
-            "message": p(f"SELECT * FROM {ks}.messages WHERE tenant=? AND conversation_id=? AND conversation_seq=?"),
-            "messages": p(
-                f"SELECT * FROM {ks}.messages WHERE tenant=? AND conversation_id=? AND conversation_seq>? LIMIT ?"
-            ),
-            "delivery": p(f"SELECT * FROM {ks}.delivery WHERE tenant=? AND conversation_id=? AND conversation_seq=?"),
-            "review": p(f"SELECT body FROM {ks}.reviews WHERE review_id=?"),
-            "reviews": p(f"SELECT body, written FROM {ks}.reviews_by_tenant WHERE tenant=?"),
-            "tier": p(f"SELECT body FROM {ks}.tiers WHERE tier_id=?"),
-            "capacity": p(f"SELECT body FROM {ks}.capacity WHERE projection=?"),
-            "pushes": p(
-                f"SELECT pushes FROM {ks}.delivery_pushes WHERE tenant=? AND conversation_id=? AND conversation_seq=?"
-            ),
-            "log_position": p(f"SELECT position, next_offset FROM {ks}.log_positions WHERE partition=?"),
-        }
 
     @classmethod
     def from_settings(cls, settings: Any, mailbox: MailboxStore, *, partitions: int = 1) -> CassandraViews:
@@ -460,144 +292,6 @@ class CassandraViews:
     def head(self, tenant: str, conversation_id: str) -> dict[str, Any] | None:
         row = self.session.execute(self._r["head"], (tenant, conversation_id)).one()
         return head_dict(row) if row is not None else None
-
-    def heads(self, tenant: str, conversation_ids: Sequence[str], batch: int) -> Iterator[list[SessionHead]]:
-        """The heads of a login, most recent activity first, `batch` to a list: those the
-        replica's cache holds (ADR-0035), the rest read (`_read_heads`) and cached."""
-        ids = list(dict.fromkeys(conversation_ids))
-        cache = self.head_cache
-        rows: list[SessionHead] = []
-        if cache is not None:
-            cached, ticket = cache.get_many(tenant, ids)
-            if cached:
-                rows.extend(cached.values())
-                ids = [c for c in ids if c not in cached]
-        read = self._read_heads(tenant, ids)
-        if cache is not None and read:
-            cache.fill(ticket, tenant, read)
-        rows.extend(read)
-        rows.sort(key=lambda h: (-(h.last_activity_at or 0.0), h.conversation_id))
-        for i in range(0, len(rows), batch):
-            yield rows[i : i + batch]
-
-    def _read_heads(self, tenant: str, ids: list[str]) -> list[SessionHead]:
-        """Many heads from the session heads' copy (ADR-0042): at most SESSION_HEAD_SHARDS
-        partitions, `IN` on their clustering key, the requests concurrent (Cassandra's CPU a
-        head ~4x less than a partition each). The ones it lacks (a unit of work between its
-        heads and its copy, a keyspace written before the copy) are read from `heads`,
-        HEADS_PER_READ partitions a request (`IN` on the partition key's last column), as are
-        all of them when fewer than `copy_read_from` (COPY_READ_FROM): one request then costs less than one
-        per shard."""
-        read: list[SessionHead] = []
-        if len(ids) >= self.copy_read_from:
-            by_shard: dict[int, list[str]] = {}
-            for c in ids:
-                by_shard.setdefault(session_head_shard(c), []).append(c)
-            read = self._read_concurrently(
-                self._r["session_heads_in"],
-                [
-                    (tenant, shard, part[i : i + COPY_PER_READ])
-                    for shard, part in by_shard.items()
-                    for i in range(0, len(part), COPY_PER_READ)
-                ],
-            )
-            found = {h.conversation_id for h in read}
-            ids = [c for c in ids if c not in found] if len(found) < len(ids) else []
-        if ids:
-            read.extend(
-                self._read_concurrently(
-                    self._r["heads_in"],
-                    [(tenant, ids[i : i + HEADS_PER_READ]) for i in range(0, len(ids), HEADS_PER_READ)],
-                )
-            )
-        return read
-
-    def _read_concurrently(self, statement: PreparedStatement, args: list[tuple[Any, ...]]) -> list[SessionHead]:
-        read: list[SessionHead] = []
-        results = execute_concurrent_with_args(
-            self.session, statement, args, concurrency=IN_FLIGHT, execution_profile=TUPLE_ROWS
-        )
-        for ok, result in results:
-            if not ok:
-                raise result
-            read.extend(map(SessionHead._make, result))
-        return read
-
-    def sessions(self, tenant: str, user_id: str, batch: int) -> Iterator[list[SessionItem]]:
-        """The two reads (projections/state.py sessions_by_two_reads), each row read as a
-        tuple of only what a session item shows: the user's states partition, then the heads."""
-        states = self.session_states(tenant, user_id)
-        for heads in self.heads(tenant, list(states), batch):
-            yield [(h, states[h.conversation_id]) for h in heads]
-
-    def session_states(self, tenant: str, user_id: str) -> dict[str, SessionState]:
-        """conversation id -> what the session list needs of the user's state in it (one
-        partition, SESSION_STATES_PAGE rows a page): from the login's copy, a cell a row,
-        where it is vouched complete (ADR-0043), else from user_states' columns."""
-        copy = self.states_copy_vouched()
-        statement = self._r["states_copy" if copy else "session_states"].bind((tenant, user_id))
-        statement.fetch_size = SESSION_STATES_PAGE
-        rows = self.session.execute(statement, execution_profile=TUPLE_ROWS)
-        if copy:
-            return {c: session_of_cell(cell) for c, cell in rows}
-        return {r[0]: session_state(r[1:]) for r in rows}
-
-    def states_copy_vouched(self) -> bool:
-        """Whether the login reads the states' copy (ADR-0043, session_states.py `vouched`):
-        once it is, for good; until then asked again at most every COPY_RECHECK seconds."""
-        return self.read_states_copy and self._copy_vouched(STATES_COPY)
-
-    def _copy_vouched(self, copy: str) -> bool:
-        """Whether `copy` is vouched complete (session_states.py `vouched`): once it is, for
-        good; until then asked again at most every COPY_RECHECK seconds."""
-        if not self._vouched.get(copy, False):
-            now = time.monotonic()
-            asked = self._vouched_asked.get(copy)
-            if asked is None or now - asked >= COPY_RECHECK:
-                self._vouched_asked[copy] = now
-                self._vouched[copy] = vouched(self.session, self.keyspace, copy)
-        return self._vouched.get(copy, False)
-
-    def first_sessions(self, tenant: str, user_id: str, batch: int) -> tuple[list[SessionItem], bool] | None:
-        """The first list from the login index (ADR-0028): (the sessions of every
-        conversation whose last activity is in the index hours read, most recent first;
-        whether that is all of the user's), or None when the index has no row for the user or
-        holds fewer live rows than a list needs although it has more hours (then it cannot
-        vouch for the order). Exact: every member has a row in the hour of the
-        conversation's last activity, so the conversations not read were last active
-        before the oldest hour read, after all of those that were."""
-        statement = self._r["login_index"].bind((tenant, user_id))
-        statement.fetch_size = max(2 * batch, 100)
-        candidates: dict[str, None] = {}
-        last: int | None = None
-        complete = True
-        for row in self.session.execute(statement):
-            if len(candidates) >= batch and row["bucket"] != last:
-                complete = False
-                break
-            candidates[row["conversation_id"]] = None
-            last = row["bucket"]
-        if not candidates:  # no conversation, or views written before the index: the two reads say
-            return None
-        ids = list(candidates)
-        copy = self.states_copy_vouched()
-        states_f = [
-            self.session.execute_async(
-                self._r["states_copy_in" if copy else "session_states_in"],
-                (tenant, user_id, ids[i : i + HEADS_PER_READ]),
-                execution_profile=TUPLE_ROWS,
-            )
-            for i in range(0, len(ids), HEADS_PER_READ)
-        ]
-        heads = [h for part in self.heads(tenant, ids, len(ids)) for h in part]  # while the states come
-        states: dict[str, SessionState] = {}
-        for f in states_f:
-            for r in f.result():
-                states[r[0]] = session_of_cell(r[1]) if copy else session_state(r[1:])
-        found = [(h, states[h.conversation_id]) for h in heads if h.conversation_id in states]
-        if not complete and len(found) < batch:
-            return None
-        return found, complete
 
     def heads_by_scope(self, tenant: str, size_bucket: str) -> list[str]:
         rows = self.session.execute(self._r["by_tenant"], (tenant,))
