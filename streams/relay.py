@@ -59,6 +59,7 @@ from eventsourcing.persistence import Notification
 from eventsourcing.postgres import PostgresApplicationRecorder, PostgresSubscription
 from psycopg.sql import SQL, Identifier
 
+from projections import failpoints
 from streams.kafka import TopicUnavailable, ensure_topic, kafka_error
 from streams.positions import PositionUnreadable, relayed_position
 from streams.records import MAX_RECORD_BYTES, EventRecord, Watermark
@@ -406,6 +407,7 @@ class Relay:
         records = [(self.keys.key(n), n) for n in notes if relayed is None or n.topic in relayed]
         last = notes[-1].id
         watermark: Headers = [*Watermark(last).headers()]
+        labels = {n.topic.rsplit(".", 1)[-1] for _, n in records}  # the failpoints' labels: MessageSent, ...
         attempt = 0
         while True:
             attempt += 1
@@ -417,6 +419,7 @@ class Relay:
                     self._produce(p, value=n.state, key=key, headers=[*rec.headers()])
                 for k in range(self.partitions):
                     self._produce(p, value=b"", partition=k, headers=watermark)
+                failpoints.hit("relay.produced", labels)  # produced, not committed (the crash tests)
                 self._commit(p)
                 break
             except KafkaException as exc:
