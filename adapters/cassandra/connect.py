@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,8 +152,15 @@ def _connection_class(reactor: str) -> Any:
     return AsyncioConnection
 
 
-def run(session: Session, statements: Iterable[tuple[Any, Any]], in_flight: int) -> None:
-    """Execute statements with at most `in_flight` requests in the air. After an error no
+def run(
+    session: Session,
+    statements: Iterable[tuple[Any, Any]],
+    in_flight: int,
+    at: tuple[int, Callable[[], None]] | None = None,
+) -> None:
+    """Execute statements with at most `in_flight` requests in the air. `at` = (n, step):
+    `step` is called once n statements are sent (a named step inside a round, where a
+    failpoint can stop or kill the process; n = 0 or past the end: never). After an error no
     further statement is sent, the ones in the air are waited for, then the first error
     raises: nothing of a failed round is still landing when its caller retries it, or drops
     the keyspace it wrote to. (The driver's execute_concurrent with raise_on_first_error
@@ -163,6 +170,7 @@ def run(session: Session, statements: Iterable[tuple[Any, Any]], in_flight: int)
     cond = threading.Condition()
     errors: list[BaseException] = []
     pending = 0
+    sent = 0
 
     def landed(_result: Any) -> None:
         nonlocal pending
@@ -188,6 +196,14 @@ def run(session: Session, statements: Iterable[tuple[Any, Any]], in_flight: int)
         if taken is None:
             break
         statement, params = taken
+        if at is not None and sent == at[0] and sent:
+            try:
+                at[1]()
+            except BaseException as exc:  # e.g. fenced: the ones in the air are waited for, as after an error
+                with cond:
+                    errors.append(exc)
+                break
+        sent += 1
         with cond:
             pending += 1
         try:
