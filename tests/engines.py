@@ -11,7 +11,6 @@ data: a fresh PostgreSQL database, Kafka topic and Cassandra keyspace (`fresh_*`
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import uuid
 from collections.abc import Iterator
@@ -29,21 +28,6 @@ import engines as infra_engines  # noqa: E402  (infra/testcontainers/engines.py)
 sys.path.pop(0)
 
 
-def _answers(url: str) -> bool:
-    u = urlsplit(url)
-    host = (u.hostname or "127.0.0.1").split(",")[0]
-    port = u.port or 0
-    try:
-        with socket.create_connection((host, port), timeout=1.0):
-            return True
-    except OSError:
-        return False
-
-
-def _all_answer(urls: dict[str, str]) -> bool:
-    return all(_answers(urls[k].split(",")[0]) for k in infra_engines.KEYS)
-
-
 @pytest.fixture(scope="session")
 def engines() -> Iterator[dict[str, str]]:
     """FANOUT_EVENT_STORE, FANOUT_LOG, FANOUT_VIEWS of running engines."""
@@ -53,16 +37,9 @@ def engines() -> Iterator[dict[str, str]]:
             "(tests/conftest.py gives the marker to the tests whose fixtures name `engines`)",
             pytrace=False,
         )
-    try:
-        urls = infra_engines.read_env_file()
-    except (OSError, infra_engines.EngineStartError):
-        urls = {}
-    if urls and _all_answer(urls):
-        yield urls
-        return
     with ExitStack() as stack:
         try:
-            urls = stack.enter_context(infra_engines.running_engines())
+            urls = stack.enter_context(infra_engines.engines_in_use())
         except infra_engines.EngineStartError as exc:
             pytest.fail(f"the engines of the distributed runtime did not start: {exc}", pytrace=False)
         yield urls

@@ -27,6 +27,8 @@ Use from Python (fixtures):
 
     with running_engines() as urls:      # FANOUT_ENGINES picks local or testcontainers
         ...urls["FANOUT_LOG"]...
+    with engines_in_use() as urls:       # those of the env file when they answer, else as above
+        ...                              # (the test fixtures, tests/engines.py; bench/headline.py)
 
 or from a shell (containers are then kept until `down`; Ryuk, testcontainers' reaper, is turned
 off for them so they outlive this process, and their ids are kept in the engines dir):
@@ -194,6 +196,37 @@ def stop_containers(containers: list[Any]) -> None:
             c.stop()
         except Exception as exc:  # noqa: BLE001
             print(f"testcontainers: could not stop {getattr(c, 'image', c)}: {exc}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------ running ones
+def answering(urls: dict[str, str]) -> bool:
+    """Whether each engine's first host:port of `urls` accepts a TCP connection within a second."""
+    import socket
+    from urllib.parse import urlsplit
+
+    for key in KEYS:
+        u = urlsplit(urls[key].split(",")[0])
+        try:
+            with socket.create_connection(((u.hostname or "127.0.0.1").split(",")[0], u.port or 0), timeout=1.0):
+                pass
+        except OSError:
+            return False
+    return True
+
+
+@contextmanager
+def engines_in_use() -> Iterator[dict[str, str]]:
+    """The engines of the env file when they all answer (left running afterwards); otherwise
+    started by `running_engines()` and stopped at the end. Raises EngineStartError."""
+    try:
+        urls = read_env_file()
+    except (OSError, EngineStartError):
+        urls = {}
+    if urls and answering(urls):
+        yield urls
+        return
+    with running_engines() as started:
+        yield started
 
 
 # ------------------------------------------------------------------------------ the one setting
