@@ -17,7 +17,7 @@ rows that exist in the live views, the live values are carried over; rows the li
 views lacked keep the rebuild's commit time and no push count. Verify ignores them.
 
 It imports no other store (the RocksDB mailbox is another engine's package): it knows
-the file names and the tables of adapters/sqlite/views.py and adapters/rocksdb/mailbox.py
+the file names and the tables of adapters/sqlite/schema.py and adapters/rocksdb/mailbox.py
 as bootstrap lays them out, opens views through the function the composition root gives
 it, and compares two mailboxes through the MailboxStore port. The tool holds the data
 dir's lock throughout; the live views given are open (their mailbox is the only handle

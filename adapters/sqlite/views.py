@@ -7,8 +7,8 @@ Mailbox writes are idempotent (INSERT OR IGNORE on the primary key) and are made
 durable before the views transaction that records the tracking position commits,
 so a crash between the two replays into no duplicate (invariant X).
 
-Why this module is long: the ViewStore on SQLite: schema, writer and every read of the port
-share one connection per thread and one transaction per unit of work."""
+The schema and its migration are schema.py's, the unit of work's writer writer.py's, the
+pool of read connections the login borrows connect.py's (as in adapters/cassandra/)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from itertools import groupby
@@ -24,264 +24,13 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-from adapters.sqlite.connect import connect
+from adapters.sqlite.connect import READ_POOL_SIZE, ReadPool, connect
+from adapters.sqlite.schema import migrate_views
+from adapters.sqlite.writer import SqliteWriter
 from projections.ports import ALL_TARGETS as ALL_TARGETS  # the targets a unit of work writes
-from projections.ports import LogPosition, MailboxEntry, MailboxStore, MessageRefs
-from projections.rows import (
-    DELIVERY_RECORD,
-    HEAD_COLUMNS,
-    MESSAGE_COLUMNS,
-    STATE_COLUMNS,
-    DeliveryRecord,
-    MessageRow,
-    delivery_cells,
-    delivery_dict,
-    head_cells,
-    head_dict,
-    message_cells,
-    message_dict,
-)
+from projections.ports import LogPosition, MailboxEntry, MailboxStore
+from projections.rows import STATE_COLUMNS, delivery_dict, head_dict, message_dict
 from projections.state import SessionHead, SessionItem, SessionState, UserConversationState
-
-VIEWS_SCHEMA = """
-CREATE TABLE IF NOT EXISTS tracking (
-    projection TEXT NOT NULL, partition INTEGER NOT NULL, position INTEGER NOT NULL,
-    PRIMARY KEY (projection, partition)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS heads (
-    tenant TEXT NOT NULL, conversation_id TEXT NOT NULL, aggregate_id TEXT NOT NULL,
-    title TEXT, latest_conversation_seq INTEGER NOT NULL, last_activity_id TEXT,
-    last_activity_at REAL, preview TEXT, member_count INTEGER NOT NULL, size_bucket TEXT NOT NULL,
-    write_policy TEXT NOT NULL, broadcasts INTEGER NOT NULL, created_at REAL, position INTEGER NOT NULL,
-    PRIMARY KEY (tenant, conversation_id)) WITHOUT ROWID;
-CREATE UNIQUE INDEX IF NOT EXISTS heads_by_aggregate ON heads (aggregate_id);
-CREATE TABLE IF NOT EXISTS messages (
-    tenant TEXT NOT NULL, conversation_id TEXT NOT NULL, conversation_seq INTEGER NOT NULL,
-    message_id TEXT NOT NULL, sender TEXT NOT NULL, text TEXT NOT NULL, mentions TEXT NOT NULL,
-    mention_all INTEGER NOT NULL, reply_to_seq INTEGER, announcement INTEGER NOT NULL,
-    sent_at REAL NOT NULL, pos INTEGER NOT NULL,
-    PRIMARY KEY (tenant, conversation_id, conversation_seq));
-CREATE TABLE IF NOT EXISTS states (
-    tenant TEXT NOT NULL, user_id TEXT NOT NULL, conversation_id TEXT NOT NULL,
-    read_conversation_seq INTEGER NOT NULL, joined_seq INTEGER NOT NULL, last_active REAL NOT NULL,
-    delivered_conversation_seq INTEGER, skipping INTEGER NOT NULL, gap_end INTEGER, rebuilt_seq INTEGER NOT NULL,
-    mention_seqs TEXT NOT NULL, broadcast_base INTEGER NOT NULL,
-    PRIMARY KEY (tenant, user_id, conversation_id)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS states_by_conversation ON states (tenant, conversation_id);
-CREATE TABLE IF NOT EXISTS delivery (
-    tenant TEXT NOT NULL, conversation_id TEXT NOT NULL, conversation_seq INTEGER NOT NULL,
-    message_id TEXT NOT NULL, write_policy TEXT NOT NULL, member_count INTEGER NOT NULL,
-    mailbox_entries INTEGER NOT NULL, shards INTEGER NOT NULL, body_bytes INTEGER NOT NULL,
-    pos INTEGER NOT NULL, online_pushes INTEGER, materialized_at REAL,
-    PRIMARY KEY (tenant, conversation_id, conversation_seq));
-CREATE TABLE IF NOT EXISTS reviews (review_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, body TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS tiers (tier_id TEXT PRIMARY KEY, body TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS capacity (projection TEXT PRIMARY KEY, body TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS log_positions (
-    partition INTEGER PRIMARY KEY, position INTEGER NOT NULL, next_offset INTEGER NOT NULL);
-"""
-
-# PRAGMA user_version of the views. 2: the states columns take the ADR's names
-# (read_conversation_seq, delivered_conversation_seq). 3: tracking per (projection,
-# partition); heads record the position of the last event applied to the conversation.
-# Older files are brought up in place.
-VIEWS_SCHEMA_VERSION = 3
-_RENAMED_STATE_COLUMNS = {"read_seq": "read_conversation_seq", "delivered_seq": "delivered_conversation_seq"}
-
-
-def migrate_views(con: sqlite3.Connection) -> None:
-    """Create the views schema, or bring an older file up to VIEWS_SCHEMA_VERSION
-    (each step idempotent, so a crash part-way is finished by the next open)."""
-    version = con.execute("PRAGMA user_version").fetchone()[0]
-    if version > VIEWS_SCHEMA_VERSION:
-        raise RuntimeError(
-            f"the views were written by a newer fanout (schema {version} > {VIEWS_SCHEMA_VERSION}): "
-            "upgrade fanout, or delete them and run `fanout rebuild all`"
-        )
-    columns = {row[1] for row in con.execute("PRAGMA table_info(states)")}
-    for old, new in _RENAMED_STATE_COLUMNS.items():
-        if old in columns:
-            con.execute(f"ALTER TABLE states RENAME COLUMN {old} TO {new}")
-    heads = {row[1] for row in con.execute("PRAGMA table_info(heads)")}
-    if heads and "position" not in heads:
-        con.execute("ALTER TABLE heads ADD COLUMN position INTEGER NOT NULL DEFAULT 0")
-    tracking = {row[1] for row in con.execute("PRAGMA table_info(tracking)")}
-    if tracking and "partition" not in tracking:
-        with con:
-            con.execute("ALTER TABLE tracking RENAME TO tracking_v2")
-            con.execute(
-                "CREATE TABLE tracking (projection TEXT NOT NULL, partition INTEGER NOT NULL, "
-                "position INTEGER NOT NULL, PRIMARY KEY (projection, partition)) WITHOUT ROWID"
-            )
-            con.execute("INSERT INTO tracking SELECT projection, 0, position FROM tracking_v2")
-            con.execute("DROP TABLE tracking_v2")
-    con.executescript(VIEWS_SCHEMA)
-    con.execute(f"PRAGMA user_version = {VIEWS_SCHEMA_VERSION}")
-
-
-class ReadPool:
-    """A fixed number of read-only connections for reads that hold a cursor across
-    awaits (the login's session list): a login borrows one instead of opening its own,
-    so concurrent logins cannot run the process out of file descriptors (3 per
-    connection in WAL mode: the database, -wal and -shm)."""
-
-    def __init__(self, path: Path, size: int) -> None:
-        self.path = path
-        self.size = size
-        self._free: list[sqlite3.Connection] = []
-        self._opened = 0
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def try_acquire(self) -> sqlite3.Connection | None:
-        """A connection, or None when all `size` are lent out (never blocks)."""
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-            if self._opened >= self.size or self._closed:
-                return None
-            self._opened += 1
-        try:
-            return connect(self.path, readonly=True)
-        except BaseException:
-            with self._lock:
-                self._opened -= 1
-            raise
-
-    def release(self, con: sqlite3.Connection) -> None:
-        with self._lock:
-            if not self._closed:
-                self._free.append(con)
-                return
-        con.close()
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            free, self._free = self._free, []
-        for con in free:
-            con.close()
-
-
-READ_POOL_SIZE = 8  # the API's executor threads
-
-
-class SqliteWriter:
-    """The ViewWriter of one unit of work. Mailbox shards are buffered and written
-    by the store before the views transaction commits."""
-
-    def __init__(self, con: sqlite3.Connection, targets: frozenset[str]) -> None:
-        self.con = con
-        self.targets = targets
-        self.mailbox: list[tuple[str, MessageRefs]] = []
-        self.mailbox_entries = 0
-        self.deliveries: list[tuple[str, str, int]] = []
-        self.positions: dict[tuple[str, int], int] = {}
-        self.log_positions: dict[int, LogPosition] = {}
-        self.partition = 0  # one log, one partition
-        self.above = 0  # unused here: a mailbox read is one index range (ADR-0045 is Cassandra's)
-        self.checkpoint: Callable[[str], None] | None = None  # one transaction: never called
-        self.head_keys: set[tuple[str, str]] = set()  # the heads put (heads_written)
-
-    def track(self, projection: str, position: int, partition: int = 0) -> None:
-        """Record the last position this unit of work applied for (projection, partition);
-        written after everything else of the unit, in the same commit."""
-        self.positions[(projection, partition)] = position
-
-    def track_log(self, partition: int, position: int, next_offset: int) -> None:
-        self.log_positions[partition] = LogPosition(position, next_offset)
-
-    def heads_written(self) -> Iterable[tuple[str, str]]:
-        return self.head_keys
-
-    def put_head(self, tenant: str, conversation_id: str, head: dict[str, Any], *, lookups: bool = True) -> None:
-        # the lookups are indexes of this one row: written with it, whatever `lookups` says
-        if "heads" not in self.targets:
-            return
-        self.head_keys.add((tenant, conversation_id))
-        self.con.execute(
-            f"INSERT OR REPLACE INTO heads (tenant, conversation_id, {', '.join(HEAD_COLUMNS)}) "
-            f"VALUES (?, ?, {', '.join('?' * len(HEAD_COLUMNS))})",
-            (tenant, conversation_id, *head_cells(head)),
-        )
-
-    def put_message(self, tenant: str, conversation_id: str, m: MessageRow) -> None:
-        if "heads" not in self.targets:
-            return
-        self.con.execute(
-            f"INSERT OR REPLACE INTO messages (tenant, {', '.join(MESSAGE_COLUMNS)}) "
-            f"VALUES (?, {', '.join('?' * len(MESSAGE_COLUMNS))})",
-            (tenant, *message_cells(m)),
-        )
-
-    def put_mailbox(self, tenant: str, refs: MessageRefs) -> None:
-        if "mailbox" not in self.targets or not refs.shards:
-            return
-        self.mailbox.append((tenant, refs))
-        self.mailbox_entries += sum(len(b) for b in refs.shards.values())
-
-    def put_states(
-        self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]
-    ) -> None:
-        if "state" not in self.targets:
-            return
-        self.con.executemany(
-            f"INSERT OR REPLACE INTO states (tenant, user_id, conversation_id, {', '.join(STATE_COLUMNS)}) "
-            f"VALUES (?, ?, ?, {', '.join('?' * len(STATE_COLUMNS))})",
-            [(tenant, u, conversation_id, *s.row().values()) for u, s in states],
-        )
-
-    def put_gaps(self, tenant: str, conversation_id: str, states: Sequence[tuple[str, UserConversationState]]) -> None:
-        """Only the gap columns, updated in place: the burst of a policy switch."""
-        if "state" not in self.targets:
-            return
-        self.con.executemany(
-            "UPDATE states SET delivered_conversation_seq=?, skipping=?, gap_end=? "
-            "WHERE tenant=? AND user_id=? AND conversation_id=?",
-            [(s.delivered_conversation_seq, s.skipping, s.gap_end, tenant, u, conversation_id) for u, s in states],
-        )
-
-    def delete_state(self, tenant: str, conversation_id: str, user_id: str) -> None:
-        if "state" not in self.targets:
-            return
-        self.con.execute(
-            "DELETE FROM states WHERE tenant=? AND user_id=? AND conversation_id=?", (tenant, user_id, conversation_id)
-        )
-
-    def put_activity(
-        self, tenant: str, conversation_id: str, user_ids: Sequence[str], bucket: int, previous: int | None
-    ) -> None:
-        """No login index here: the login read is one statement over states and heads (ADR-0028)."""
-
-    def delete_activity(self, tenant: str, conversation_id: str, user_id: str, bucket: int) -> None:
-        """No login index here (put_activity)."""
-
-    def put_delivery(self, tenant: str, conversation_id: str, seq: int, r: DeliveryRecord) -> None:
-        if "heads" not in self.targets:
-            return
-        self.con.execute(  # the runtime facts start NULL (REPLACE deletes the row it replaces)
-            f"INSERT OR REPLACE INTO delivery (tenant, conversation_id, conversation_seq, {', '.join(DELIVERY_RECORD)}) "
-            f"VALUES (?, ?, ?, {', '.join('?' * len(DELIVERY_RECORD))})",
-            (tenant, conversation_id, seq, *delivery_cells(r)),
-        )
-        self.deliveries.append((tenant, conversation_id, seq))
-
-    def put_review(self, review: dict[str, Any]) -> None:
-        if "heads" not in self.targets:
-            return
-        self.con.execute(
-            "INSERT OR REPLACE INTO reviews VALUES (?,?,?)", (review["review_id"], review["tenant"], json.dumps(review))
-        )
-
-    def put_tier(self, tier: dict[str, Any]) -> None:
-        if "heads" not in self.targets:
-            return
-        old = self.con.execute("SELECT body FROM tiers WHERE tier_id=?", (tier["tier_id"],)).fetchone()
-        body = json.loads(old[0]) if old else {}
-        body.update(tier)
-        self.con.execute("INSERT OR REPLACE INTO tiers VALUES (?,?)", (tier["tier_id"], json.dumps(body)))
-
-    def put_capacity(self, name: str, body: dict[str, Any]) -> None:
-        self.con.execute("INSERT OR REPLACE INTO capacity VALUES (?,?)", (name, json.dumps(body)))
 
 
 class SqliteViews:

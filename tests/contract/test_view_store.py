@@ -721,7 +721,7 @@ def test_views_written_before_the_adr_column_names_are_migrated_in_place(tmp_pat
     rows under the new names, and is marked with the current schema version."""
     import sqlite3
 
-    from adapters.sqlite.views import VIEWS_SCHEMA_VERSION
+    from adapters.sqlite.schema import VIEWS_SCHEMA_VERSION
 
     con = sqlite3.connect(tmp_path / "views.sqlite")
     con.execute(

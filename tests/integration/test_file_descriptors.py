@@ -11,7 +11,7 @@ from typing import Any
 
 import psutil
 
-from adapters.sqlite.views import READ_POOL_SIZE
+from adapters.sqlite.connect import READ_POOL_SIZE
 from fanout.bootstrap import bootstrap
 
 LOGINS = 60

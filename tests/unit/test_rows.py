@@ -10,7 +10,7 @@ import sqlite3
 import pytest
 
 from adapters.cassandra.schema import ALL_TABLES, TARGET_TABLES, tables_by_name
-from adapters.sqlite.views import migrate_views
+from adapters.sqlite.schema import migrate_views
 from projections.rows import (
     DELIVERY_COLUMNS,
     DELIVERY_KEY,
