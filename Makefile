@@ -81,8 +81,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# The headline table of docs/PERFORMANCE.md, both runtimes in one run (bench/headline.py: the
+# engines of engines.env when they answer, else started and stopped; sized for under 20 minutes on 2
+# cores). `$(BIN)/python bench/headline.py --quick` is a smoke run of the same benches.
 bench: $(STAMP)
-	$(BIN)/python bench/fanout_throughput.py
+	$(BIN)/python bench/headline.py
 
 clean:
 	rm -rf $(VENV) data .pytest_cache .hypothesis
