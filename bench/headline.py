@@ -324,7 +324,7 @@ def commit() -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
     head = git("rev-parse", "--short", "HEAD") or "?"
-    return head + (" with uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    return head + ("+ (uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def table(rows: list[Row], when: str) -> str:
@@ -403,7 +403,7 @@ def main() -> int:
         + (" (--quick: smoke sizes)" if args.quick else "")
     )
     print()
-    print(table(rows, when.split(",")[0]))
+    print(table(rows, when.split(" (")[0]))
     for problem in failed:
         print(f"FAILED {problem}")
     return 1 if failed else 0

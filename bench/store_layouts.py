@@ -591,7 +591,7 @@ def _rocks(wl: Workload, ctx: dict, prefixes: list[bytes], uppers: list[bytes], 
 
     durable = WriteOptions()
     durable.sync = sync            # False: WAL on, no fsync per commit (~ SQLite WAL synchronous=NORMAL)
-    durable.disable_wal = False    # True: fsync the WAL on every write (survives power loss)
+    durable.disable_wal = False    # the WAL on (True would write no WAL at all, as the bulk prefill above)
 
     def write_message(m):
         t0 = time.perf_counter()
