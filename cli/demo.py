@@ -14,9 +14,11 @@ session against an active one's; PULL_HISTORY closing the gap; a tier rollback
 (back to always at once); MARK_READ / REBUILD making counts exact; the converged
 counts checked against the message history.
 
-Why this module is long: `fanout demo`: the scripted story (a large group, a mention_only
-review, the session list) and its tables; the engines and process fleets it starts are
-tools/deploy.py's."""
+The same story runs on the distributed runtime's engines: cli/demo_distributed.py.
+
+Why this module is long: `fanout demo`: one scripted story in ten steps (a large group, a
+mention_only review, the session list, the converged counts), a method each, and the tables
+it prints."""
 
 from __future__ import annotations
 
@@ -41,7 +43,6 @@ from fanout.distributed import DistributedRuntime
 from fanout.embedded import EmbeddedRuntime
 from fanout.push import Connection
 from projections.state import unread_exact
-from tools.deploy import ENGINE_KEYS, Fleet, Namespace, NamespaceError, process_env
 
 TENANT = "demo"
 BIG = "all-hands"
@@ -83,7 +84,7 @@ class DemoDevice(Connection):
 
 
 @dataclass
-class _Out:
+class Out:
     stream: TextIO
     started: float
 
@@ -142,7 +143,7 @@ def run_demo(
     """Run the demo; returns a summary (cost records, sessions, final counts)."""
     params = params or Parameters()
     data_dir = Path(data_dir)
-    o = _Out(out if out is not None else sys.stdout, time.monotonic())
+    o = Out(out if out is not None else sys.stdout, time.monotonic())
     if members < 200:
         raise DemoError("--members must be at least 200 (the story needs silent and active members)")
     if members > params.max_group_members:
@@ -156,7 +157,7 @@ def run_demo(
         rt = bootstrap(params, data_dir, clock=clock, lock=False)
         loop = asyncio.new_event_loop()
         try:
-            summary = _Story(rt, clock, members, o, loop).run()
+            summary = Story(rt, clock, members, o, loop).run()
         finally:
             rt.close()
             loop.close()
@@ -167,7 +168,7 @@ def run_demo(
     return summary
 
 
-class _Story:
+class Story:
     STEPS = 10
 
     def __init__(
@@ -175,7 +176,7 @@ class _Story:
         rt: EmbeddedRuntime | DistributedRuntime,
         clock: FakeClock,
         n: int,
-        o: _Out,
+        o: Out,
         loop: asyncio.AbstractEventLoop,
         settle: Callable[[], None] | None = None,
     ) -> None:
@@ -283,10 +284,23 @@ class _Story:
     # -- the story --------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        o, n, S = self.o, self.n, self.STEPS
+        """The ten steps, in order; each prints its part and adds to the summary."""
         for d in self.devices:
             self.rt.hub.register(d)
+        self.create_groups()
+        always_last = self.send_in_always()
+        alpha = self.read_by_the_active(always_last)
+        before = self.decide_mention_only(alpha)
+        self.switch_policy(before)
+        mention_only_last = self.send_in_mention_only()
+        before_pull = self.compare_sessions(mention_only_last)
+        self.pull_history(before_pull)
+        self.roll_back_tier()
+        self.make_counts_exact()
+        return self.summary
 
+    def create_groups(self) -> None:
+        o, n, S = self.o, self.n, self.STEPS
         o.step(1, S, f"create '{BIG}' with {n:,} members ({self.bucket} bucket) and two small groups")
         everyone = [user(i) for i in range(n)]
         first, rest = everyone[: self.params.max_bulk_members], everyone[self.params.max_bulk_members :]
@@ -300,6 +314,9 @@ class _Story:
         o.line(f"  head: member_count={head['member_count']:,} size_bucket={head['size_bucket']} "
                f"write_policy={head['write_policy']}; {len(self.devices)} devices online")  # fmt: skip
 
+    def send_in_always(self) -> int:
+        """Returns the seq of the last message sent in `always`."""
+        o, S = self.o, self.STEPS
         o.step(2, S, "sends in write policy 'always': every member gets a mailbox entry")
         self.send("team-a", user(1), "standup in 5")
         self.send("team-a", user(2), "on my way", reply_to_seq=1)
@@ -316,7 +333,11 @@ class _Story:
         o.line(COST_LEGEND)
         o.line(f"  rate gates honoured: {self.rejections} sends were rejected with RATE_LIMITED and retried "
                f"after the fake clock advanced by the retry hint")  # fmt: skip
+        return always_last
 
+    def read_by_the_active(self, always_last: int) -> float:
+        """Returns the large group's alpha once the active members read it."""
+        o, n, S = self.o, self.n, self.STEPS
         o.step(3, S, f"activity: {self.active_count} members read the group (MARK_READ); the rest stay silent")
         for i, u in enumerate(self.active):
             self.clock.advance(7.0)
@@ -326,7 +347,11 @@ class _Story:
         o.line(f"  alpha(all-hands) = {alpha:.4f}  ({round(alpha * n)} active of {n:,}; activity window "
                f"{self.params.activity_window / 86400:g} d)")  # fmt: skip
         self.summary["alpha"] = alpha
+        return alpha
 
+    def decide_mention_only(self, alpha: float) -> int:
+        """Returns the log position before the decision (the policy changes are read after it)."""
+        o, n, S = self.o, self.n, self.STEPS
         o.step(4, S, f"a review for tenant '{TENANT}' x {self.bucket}: decided enable_mention_only")
         min_saving = float(n // 2)
         max_ratio = 0.1
@@ -351,7 +376,10 @@ class _Story:
         tier = next(t for t in self.app.tiers(TENANT) if t["size_bucket"] == self.bucket)
         o.line(f"  review {review['review_id'][:8]} decided; tier {TENANT}/{self.bucket}: {tier['state']}")
         self.summary["review_id"] = review["review_id"]
+        return before
 
+    def switch_policy(self, before: int) -> None:
+        o, S = self.o, self.STEPS
         o.step(5, S, "the write-policy switch (evaluated at the tier change)")
         if self.q.head(TENANT, BIG)["write_policy"] != "mention_only":
             wait = self.params.policy_switch_min_interval
@@ -367,27 +395,36 @@ class _Story:
             raise DemoError("the large group did not switch to mention_only")
         self.summary["switched_at_seq"] = changes[-1].at_seq if changes else None
 
+    def send_in_mention_only(self) -> int:
+        """Returns the seq of the last message sent in `mention_only`."""
+        o, S = self.o, self.STEPS
         o.step(6, S, "sends in 'mention_only': mailbox entries only for active + mentioned members")
         o.line(COST_ROW.format(*COST_COLUMNS))
         self.send(BIG, self.active[2], "notes from the town hall are in the wiki")
         self.send(
             BIG, self.active[3], f"@{self.silent_mentioned} your badge is ready", mentions=[self.silent_mentioned]
         )
-        mo_last = self.send(BIG, self.active[4], "lunch is on the 3rd floor")
+        mention_only_last = self.send(BIG, self.active[4], "lunch is on the 3rd floor")
         o.line(COST_LEGEND)
         o.line(f"  {self.active_count} active members (+ sender, + mentioned); online pushes still reach all "
                f"{len(self.devices)} online devices")  # fmt: skip
+        return mention_only_last
 
-        o.step(7, S, "a silent member's session versus an active member's")
+    def compare_sessions(self, mention_only_last: int) -> dict[str, dict[str, Any]]:
+        """Returns the sessions shown (by role)."""
+        self.o.step(7, self.STEPS, "a silent member's session versus an active member's")
         self.clock.advance(60)
-        self.app.mark_read(TENANT, BIG, self.active[5], mo_last)
+        self.app.mark_read(TENANT, BIG, self.active[5], mention_only_last)
         self.project()
         before_pull = self.show_sessions(
             [("active", self.active[5]), ("silent", self.silent), ("silent+@", self.silent_mentioned)]
         )
         self.summary["sessions_mention_only"] = before_pull
+        return before_pull
 
-        o.step(8, S, "the silent member's client closes the gap with PULL_HISTORY")
+    def pull_history(self, before_pull: dict[str, dict[str, Any]]) -> None:
+        o = self.o
+        o.step(8, self.STEPS, "the silent member's client closes the gap with PULL_HISTORY")
         s = before_pull["silent"]
         delivered = s["delivered_conversation_seq"]
         mailbox_seqs = self._mailbox_seqs(self.silent)
@@ -399,7 +436,9 @@ class _Story:
                f" of 1..{s['latest_conversation_seq']}")  # fmt: skip
         self.summary["history_gap_closed"] = held == list(range(1, s["latest_conversation_seq"] + 1))
 
-        o.step(9, S, "tier rollback: the group returns to 'always' at once (no 24 h wait)")
+    def roll_back_tier(self) -> None:
+        o = self.o
+        o.step(9, self.STEPS, "tier rollback: the group returns to 'always' at once (no 24 h wait)")
         self.clock.advance(300)
         rolled = self.app.roll_back_tier(TENANT, self.bucket, "oncall@demo", "demo: the safety valve")
         self.project()
@@ -411,7 +450,10 @@ class _Story:
         o.line("  existing mailboxes are neither backfilled nor deleted: the silent member's unread stays an estimate")
         self.summary["sessions_after_rollback"] = after_rollback
 
-        o.step(10, S, "MARK_READ (silent member) and REBUILD (silent+@) make the counts exact")
+    def make_counts_exact(self) -> None:
+        """MARK_READ and REBUILD, then every sampled session checked against the history."""
+        o = self.o
+        o.step(10, self.STEPS, "MARK_READ (silent member) and REBUILD (silent+@) make the counts exact")
         self.clock.advance(60)
         latest = self.q.head(TENANT, BIG)["latest_conversation_seq"]
         self.app.mark_read(TENANT, BIG, self.silent, latest)
@@ -464,7 +506,6 @@ class _Story:
             online_devices=len(self.devices),
             frames_pushed=sum(d.frames for d in self.devices),
         )
-        return self.summary
 
     def _mailbox_seqs(self, u: str) -> list[int]:
         seqs: list[int] = []
@@ -532,164 +573,6 @@ def main_demo(data_dir: Path, members: int, params: Parameters, force: bool, qui
     out: TextIO = open(os.devnull, "w") if quiet else sys.stdout  # noqa: SIM115
     try:
         summary = run_demo(data_dir, members, params=params, force=force, out=out)
-    finally:
-        if quiet:
-            out.close()
-    return 0 if summary["converged"] else 1
-
-
-# -- the same story on the distributed runtime's real engines ---------------------------------
-
-# Default --members with --distributed: the same 100k as the embedded demo. Measured on the
-# loopback engines (2 shared cores): about 66 s for the whole story at 100k members, ~4 s per
-# 100k-entry message through relay, worker and Cassandra; 20k members ~18 s, 2k ~15 s (mostly
-# the worker joining its group).
-DISTRIBUTED_MEMBERS = 100_000
-SETTLE_TIMEOUT = 300.0  # seconds a step waits for the views before the demo gives up
-START_TIMEOUT = 120.0  # seconds for the relay and the worker to come up
-
-
-def engine_urls(env: dict[str, str] | None = None) -> dict[str, str]:
-    """The three engine URLs: from the environment when it names the distributed engines,
-    else from $FANOUT_ENGINES_DIR/engines.env (written by `make engines-up`)."""
-    env = dict(os.environ if env is None else env)
-    if all(k in env for k in ENGINE_KEYS) and env["FANOUT_EVENT_STORE"].startswith(("postgresql://", "postgres://")):
-        return {k: env[k] for k in ENGINE_KEYS}
-    path = Path(env.get("FANOUT_ENGINES_DIR", "/tmp/fanout-engines")) / "engines.env"
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        raise DemoError(
-            f"no engines: set {', '.join(ENGINE_KEYS)} (postgresql://, kafka://, cassandra://) or start them with "
-            f"`make engines-up` (writes {path})"
-        ) from None
-    urls = {
-        k: v for k, v in (ln.split("=", 1) for ln in lines if "=" in ln and not ln.startswith("#")) if k in ENGINE_KEYS
-    }
-    missing = [k for k in ENGINE_KEYS if k not in urls]
-    if missing:
-        raise DemoError(f"{path} does not name {', '.join(missing)}")
-    return urls
-
-
-class _Processes(Fleet):
-    """`fanout relay` and `fanout worker` as subprocesses of the demo."""
-
-    def check(self) -> None:
-        for kind, code in self.exited().items():
-            raise DemoError(f"`fanout {kind}` exited with {code}: {self.tail(kind)}")
-
-
-def run_distributed_demo(
-    members: int = DISTRIBUTED_MEMBERS,
-    *,
-    params: Parameters | None = None,
-    out: TextIO | None = None,
-    err: TextIO | None = None,
-    keep: bool = False,
-    partitions: int = 4,
-    urls: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """The demo's story on PostgreSQL, Kafka (relay), Faust (worker) and Cassandra."""
-    import tempfile
-
-    from fanout.bootstrap import bootstrap_distributed
-    from fanout.config import Settings
-
-    params = params or Parameters()
-    o = _Out(out if out is not None else sys.stdout, time.monotonic())
-    progress = err if err is not None else sys.stderr
-    if members < 200:
-        raise DemoError("--members must be at least 200 (the story needs silent and active members)")
-    if members > params.max_group_members:
-        raise DemoError(f"--members {members} exceeds max_group_members={params.max_group_members}")
-    if partitions < 1:
-        raise DemoError("--partitions must be at least 1")
-    # the demo's own database, topic and keyspace on the shared engines
-    ns = Namespace(urls or engine_urls(), partitions, prefix="fanout_demo")
-    logs = Path(tempfile.mkdtemp(prefix="fanout-demo-"))
-    # the subprocesses get this process's FANOUT_ parameters and the demo's URLs
-    procs = _Processes(process_env(ns.urls), logs)
-
-    def note(text: str) -> None:
-        print(f"demo: {text}", file=progress, flush=True)
-
-    try:
-        ns.create()
-    except NamespaceError as exc:
-        raise DemoError(str(exc)) from None
-    rt: DistributedRuntime | None = None
-    loop = asyncio.new_event_loop()
-    try:
-        o.line(f"distributed runtime: database, topic ({partitions} partitions) and keyspace {ns.name}")
-        for k in ENGINE_KEYS:
-            o.line(f"  {k}={ns.urls[k]}")
-        clock = FakeClock(float(int(time.time())))
-        settings = Settings(
-            params, logs, ns.urls["FANOUT_EVENT_STORE"], ns.urls["FANOUT_LOG"], ns.urls["FANOUT_VIEWS"], None
-        )
-        note("creating the event store tables and the keyspace (an API replica)")
-        rt = bootstrap_distributed(settings, clock=clock).start()
-        procs.start("relay", "cli.relay")
-        procs.start("worker", "cli.worker")
-        note(f"waiting for `fanout relay` and `fanout worker` (logs in {logs})")
-        deadline = time.monotonic() + START_TIMEOUT
-        while rt.links.workers() < 1:
-            procs.check()
-            if time.monotonic() > deadline:
-                raise DemoError(
-                    f"the worker did not join its consumer group in {START_TIMEOUT:.0f} s: {procs.tail('worker')}"
-                )
-            time.sleep(0.5)
-        runtime = rt
-
-        def settle() -> None:
-            top = runtime.log_position()
-            started = time.monotonic()
-            shown = 0.0
-            while not runtime.wait_until(top, 1.0):
-                procs.check()
-                waited = time.monotonic() - started
-                if waited > SETTLE_TIMEOUT:
-                    raise DemoError(
-                        f"the views stayed at position {runtime.position()} of {top} for {SETTLE_TIMEOUT:.0f} s; "
-                        f"worker log: {procs.tail('worker')}"
-                    )
-                if waited - shown >= 2.0:
-                    shown = waited
-                    note(f"waiting for the views: position {runtime.position()} of {top} ({waited:.0f} s)")
-
-        note("relay and worker up; the story starts")
-        summary = _Story(rt, clock, members, o, loop, settle).run()
-        summary["namespace"] = ns.name
-        summary["urls"] = dict(ns.urls)
-    finally:
-        if rt is not None:
-            rt.close()
-        loop.close()
-        procs.stop()
-        if keep:
-            note(f"kept database, topic and keyspace {ns.name}; logs in {logs}")
-        else:
-            for failure in ns.drop():
-                note(f"could not drop {failure}")
-            shutil.rmtree(logs, ignore_errors=True)
-    summary["seconds"] = round(time.monotonic() - o.started, 2)
-    o.line(f"\ndemo finished in {summary['seconds']:.1f}s on the distributed runtime ({ns.name})")
-    if keep:
-        o.line("  inspect it with: " + " ".join(f"{k}='{ns.urls[k]}'" for k in ENGINE_KEYS) + " fanout verify")
-    return summary
-
-
-def main_distributed_demo(
-    members: int | None, params: Parameters, *, quiet: bool = False, keep: bool = False, partitions: int | None = None
-) -> int:
-    out: TextIO = open(os.devnull, "w") if quiet else sys.stdout  # noqa: SIM115
-    try:
-        summary = run_distributed_demo(
-            members or DISTRIBUTED_MEMBERS, params=params, out=out, err=out if quiet else sys.stderr, keep=keep,
-            partitions=partitions or 4,
-        )  # fmt: skip
     finally:
         if quiet:
             out.close()

@@ -241,7 +241,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings, data_dir: Path) -> in
 
     try:
         if args.distributed:
-            from cli.demo import main_distributed_demo
+            from cli.demo_distributed import main_distributed_demo
 
             return main_distributed_demo(args.members, settings.params, quiet=args.quiet, keep=args.keep,
                                          partitions=args.partitions)  # fmt: skip
