@@ -50,7 +50,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = Path(__file__).resolve().parent
 RUN_TIMEOUT = 40 * 60  # seconds a single bench may take before it is stopped
 
 
@@ -384,15 +383,17 @@ def main() -> int:
             out, took, status = run_one(run, logs / f"{name}.log")
             for row in run.rows:
                 row.command = command_cell(run.argv)
-            try:
-                if status != 0:
-                    raise Missing(f"exit status {status}")
+            problems = [] if status == 0 else [f"exit status {status}"]
+            try:  # what it printed before it failed still fills its rows
                 run.fill(out, run.rows)
-                for row in run.rows:
-                    if row.durability == "-":
-                        row.durability = durability(out)
             except (Missing, ValueError) as exc:
-                failed.append(f"{name}: {exc} (see {logs / f'{name}.log'})")
+                problems.append(str(exc))
+            for row in run.rows:
+                if row.durability == "-" and row.result != "failed":
+                    with contextlib.suppress(Missing):
+                        row.durability = durability(out)
+            if problems:
+                failed.append(f"{name}: {'; '.join(problems)} (see {logs / f'{name}.log'})")
             print(f"      {took:.0f} s{'' if status == 0 else f', exit status {status}'}", flush=True)
     rows = [row for run in chosen for row in run.rows]
     order = {m: i for i, m in enumerate(dict.fromkeys(r.measure for r in rows))}
