@@ -16,9 +16,9 @@ from domain.errors import InvalidArgument, NotAMember, NotFound, Unavailable
 from domain.params import WritePolicy
 from domain.policy import TierTerms, alpha_of, decide, equivalent_threshold, read_diffusion_saving
 from domain.review import check_alpha_parameters
+from fanout.queries import alpha_report_of
 from fanout.runtime import Runtime
 from fanout.wire import review_dict
-from tools.analyze import alpha_report_of
 
 READ_THROUGH_TIMEOUT = 2.0
 REBUILD_TIMEOUT = 10.0
@@ -256,7 +256,7 @@ def finite(x: float | None) -> float | None:
 
 
 def alpha(rt: Runtime, tenant: str, min_saving: float | None, max_active_ratio: float | None) -> dict[str, Any]:
-    """`fanout analyze alpha` for the tenant (tools/analyze.py alpha_report_of, the same
+    """`fanout analyze alpha` for the tenant (fanout/queries.py alpha_report_of, the same
     numbers), each conversation with its write_policy and when it last switched."""
     if (min_saving is None) != (max_active_ratio is None):
         raise InvalidArgument(

@@ -192,13 +192,13 @@ def cmd_verify(args: argparse.Namespace, settings: Settings, data_dir: Path) -> 
 
 
 def cmd_analyze(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
-    from tools import analyze
+    from tools import analyze, plots
 
     try:
         if args.what == "capacity":
             report = analyze.capacity_report(data_dir, settings.params, settings)
             if args.png:
-                analyze.plot_capacity(report, Path(args.png))  # draws, or refuses with exit 2
+                plots.plot_capacity(report, Path(args.png))  # draws, or refuses with exit 2
             if args.json:
                 print(strict_dumps(report, indent=2))
             else:
@@ -228,7 +228,7 @@ def cmd_analyze(args: argparse.Namespace, settings: Settings, data_dir: Path) ->
         analyze.print_alpha(report, sys.stdout)
     if args.png:
         try:
-            plotted = analyze.plot_alpha(report, Path(args.png), settings.params)
+            plotted = plots.plot_alpha(report, Path(args.png), settings.params)
         except analyze.AnalyzeError as exc:
             raise CliError(str(exc)) from None
         example = " (with EXAMPLE thresholds: no review decided any, none given)" if plotted["example"] else ""

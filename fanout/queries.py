@@ -1,11 +1,12 @@
 """The query side used by the API, the WebSocket sync and the CLI: reads of the views
 (through the ViewReader port, whatever the engine) shaped as the contract of SPEC
-section 6. No writes here."""
+section 6, and the reviewer's alpha report (`alpha_report_of`). No writes here."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from domain.conversation import Conversation
@@ -13,6 +14,7 @@ from domain.delivery import MENTION_FLAGS
 from domain.errors import InvalidArgument, NotAMember, NotFound
 from domain.params import Parameters, SizeBucket
 from domain.policy import alpha_of, equivalent_threshold, meets_enter_criterion, read_diffusion_saving
+from domain.tier import Tier
 from projections.ports import ViewReader
 from projections.state import SessionItem, session_item
 
@@ -246,3 +248,105 @@ def _framed(parts: Iterator[list[SessionItem]], first: int, size: int) -> Iterat
             yield buffered[:want], False
             buffered, want = buffered[want:], size
     yield buffered, True
+
+
+# -- the reviewer's alpha report ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Terms:
+    """The two review parameters an alpha report is read under, and where they come from."""
+
+    min_saving: float
+    max_active_ratio: float
+    source: str  # "given" or "tier <review id>"
+
+
+def _tier_terms(views: ViewReader, tenant: str, bucket: str) -> Terms | None:
+    body = views.tier(str(Tier.create_id(tenant, bucket)))
+    if body is None or not body.get("enabled"):
+        return None
+    return Terms(
+        float(body["read_diffusion_min_saving"]),
+        float(body["read_diffusion_max_active_ratio"]),
+        f"tier (review {str(body.get('review_id'))[:8]})",
+    )
+
+
+def _review_terms(views: ViewReader, tenant: str, bucket: str) -> Terms | None:
+    """The latest review of tenant x bucket decided with the two alpha parameters (its
+    tier was since rolled back, or the review's tier is not enabled yet)."""
+    found: Terms | None = None
+    for body in views.reviews(tenant):
+        params = body.get("decision_params") or {}
+        if body.get("size_bucket") == bucket and {
+            "read_diffusion_min_saving",
+            "read_diffusion_max_active_ratio",
+        } <= set(params):
+            found = Terms(
+                float(params["read_diffusion_min_saving"]),
+                float(params["read_diffusion_max_active_ratio"]),
+                f"review {str(body.get('review_id'))[:8]} (tier not enabled)",
+            )
+    return found
+
+
+def alpha_report_of(
+    views: ViewReader,
+    params: Parameters,
+    *,
+    tenant: str | None = None,
+    min_saving: float | None = None,
+    max_active_ratio: float | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """Per size bucket: conversations, members, alpha mean/p50/p90 and, under the given
+    review parameters (else the enabled tier's, else the latest review decided with
+    them), how many conversations meet the enter criterion, their total saving
+    N x (1 - alpha), and N_eq at the bucket's mean alpha. `fanout analyze alpha`
+    (tools/analyze.py) prints it and the console's alpha chart draws it (GET
+    /v1/admin/alpha), so the CLI and the console show the same numbers."""
+    now = time.time() if now is None else now
+    q = Queries(views, params)
+    tenants = [tenant] if tenant else views.tenants()
+    given = Terms(min_saving, max_active_ratio, "given") if min_saving is not None else None  # type: ignore[arg-type]
+    buckets: dict[str, dict[str, Any]] = {
+        b.value: {"bucket": b.value, "conversations": [], "terms": set()} for b in SizeBucket
+    }
+    for t in tenants:
+        per_bucket = q.alpha_by_bucket(t, now=now)
+        for bucket, stats in per_bucket.items():
+            terms = given or _tier_terms(views, t, bucket) or _review_terms(views, t, bucket)
+            for c in stats["per_conversation"]:
+                row = {"tenant": t, **c}
+                if terms is not None:
+                    crit = q.criterion(c["members"], c["alpha"], terms.min_saving, terms.max_active_ratio)
+                    row.update(meets=crit["meets"], saving=crit["saving"], n_eq=crit["n_eq"])
+                    buckets[bucket]["terms"].add(terms)
+                buckets[bucket]["conversations"].append(row)
+    rows = []
+    for bucket, b in buckets.items():
+        convs = b["conversations"]
+        alphas = sorted(c["alpha"] for c in convs)
+        mean = sum(alphas) / len(alphas) if alphas else None
+        terms_set: set[Terms] = b["terms"]
+        one = next(iter(terms_set)) if len(terms_set) == 1 else None
+        meeting = [c for c in convs if c.get("meets")]
+        rows.append(
+            {
+                "size_bucket": bucket,
+                "conversations": len(convs),
+                "members": sum(c["members"] for c in convs),
+                "alpha_mean": mean,
+                "alpha_p50": alphas[len(alphas) // 2] if alphas else None,
+                "alpha_p90": alphas[min(len(alphas) - 1, int(len(alphas) * 0.9))] if alphas else None,
+                "min_saving": one.min_saving if one else None,
+                "max_active_ratio": one.max_active_ratio if one else None,
+                "terms": one.source if one else ("mixed tiers" if terms_set else None),
+                "meet_enter": len(meeting) if terms_set else None,
+                "saving_meeting": sum(c["saving"] for c in meeting) if terms_set else None,
+                "n_eq_at_mean_alpha": equivalent_threshold(one.min_saving, mean) if one and mean is not None else None,
+                "per_conversation": convs,
+            }
+        )
+    return {"at": now, "tenant": tenant, "buckets": rows}

@@ -14,7 +14,8 @@ from cli.demo import run_demo
 from domain.params import Parameters
 from fanout.bootstrap import bootstrap
 from tests.integration.test_cli import fanout
-from tools.analyze import alpha_plot_data, alpha_report, capacity_report, plot_alpha
+from tools.analyze import alpha_report, capacity_report
+from tools.plots import alpha_plot_data, plot_alpha
 
 
 def png_size(path: Path) -> tuple[int, int]:

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # package -> the project packages its modules may import (itself always allowed).
 #
 #   api/  cli/            entry points (HTTP app, the `fanout` command, the demo)
-#     |
+#     |                   (cli/ only: api/ reads through fanout/ and imports no tool)
 #   tools/                operator tools: replay, rebuild/verify, analyze
 #     |                   (the entry points reach adapters and hosts through the root only)
 #   fanout/               service layer: commands, queries, push, the composition root
@@ -40,7 +40,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "streams": frozenset({"domain", "projections"}),
     "fanout": frozenset({"domain", "projections", "adapters", "streams"}),
     "tools": frozenset({"domain", "projections", "fanout"}),
-    "api": frozenset({"domain", "projections", "fanout", "tools"}),
+    "api": frozenset({"domain", "projections", "fanout"}),
     "cli": frozenset({"domain", "projections", "fanout", "tools", "api"}),
 }
 PACKAGES = tuple(ALLOWED)
