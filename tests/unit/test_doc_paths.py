@@ -1,7 +1,7 @@
 """The documents a newcomer reads name only files that exist, and the ADRs have one index.
 
 Every repository path named in README.md, docs/ARCHITECTURE.md, docs/PROTOCOL.md,
-docs/ENGINES.md and docs/adr/*.md must exist in the working tree:
+docs/ENGINES.md, docs/PERFORMANCE.md and docs/adr/*.md must exist in the working tree:
 
 * a markdown link's target when it is relative (`[x](../PROTOCOL.md#frames)`), resolved from
   the document's folder, its `#anchor` dropped;
@@ -29,6 +29,7 @@ DOCUMENTS = [
     ROOT / "docs" / "ARCHITECTURE.md",
     ROOT / "docs" / "PROTOCOL.md",
     ROOT / "docs" / "ENGINES.md",
+    ROOT / "docs" / "PERFORMANCE.md",
     *sorted(ADR.glob("*.md")),
 ]
 
