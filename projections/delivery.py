@@ -182,37 +182,6 @@ class DeliveryProjection:
         self.absent.discard(key)
         return m
 
-    # -- loading apart from processing (an asyncio host must not block its loop) ----
-
-    def missing(self, event: Any) -> bool:
-        """Whether process(event) would read the store to load a working set. A host
-        with an event loop calls load(event) in an executor first; then process() only
-        computes and writes through the writer."""
-        if isinstance(event, Conversation.Created):
-            created = (event.tenant, event.conversation_id)
-            return created not in self.models and created not in self.absent
-        if not any(isinstance(event, t) for t in self.topics):
-            return False
-        if isinstance(event, MemberReadState.Event):  # names its conversation
-            return (event.tenant, event.conversation_id) not in self.models
-        key = self.ids.get(event.originator_id)
-        return key is None or key not in self.models
-
-    def load(self, event: Any) -> None:
-        """The blocking reads of process(event), done ahead (see missing)."""
-        if isinstance(event, Conversation.Created):
-            self._load((event.tenant, event.conversation_id))
-            return
-        if isinstance(event, MemberReadState.Event):
-            if (event.tenant, event.conversation_id) not in self.models:
-                self._load((event.tenant, event.conversation_id))
-            return
-        key = self.ids.get(event.originator_id)
-        if key is None:
-            key = self.ids[event.originator_id] = self.store.conversation_key(event.originator_id)
-        if key not in self.models:
-            self._load(key)
-
     def forget(self, conversation_ids: set[Any] | None = None) -> None:
         """Drop working sets (all, or those of these aggregate ids): a revoked partition's
         conversations are reloaded from the views by whoever is assigned them next."""

@@ -7,8 +7,7 @@ returns plain, serialisable effect records for the host to act on AFTER the unit
 work has committed: `Delivered` (online push, invariant O) and `ReviewTrigger` (open a
 review, ADR decision 3); a partitioned host adds `ViewsTracked` (the positions its commit
 left in the views, which the API replicas learn from it instead of polling). `flush(writer)` ends each unit of work (state kept in memory
-between events is written once per unit, not per event). `missing`/`load` split the
-blocking reads off `process` for hosts with an event loop; `forget` drops working sets
+between events is written once per unit, not per event); `forget` drops working sets
 when a partition is revoked. A host loops over
 `PROJECTIONS` and knows nothing of what each one does."""
 
@@ -52,12 +51,6 @@ class Projection(Protocol):
     def process(self, event: Any, position: int, w: ViewWriter) -> list[Any]: ...
 
     def flush(self, w: ViewWriter) -> None: ...
-
-    def missing(self, event: Any) -> bool:
-        """Whether process(event) would block on a store read (a working set not loaded)."""
-
-    def load(self, event: Any) -> None:
-        """Those reads, done ahead: an asyncio host (Faust) runs this in an executor."""
 
     def forget(self, conversation_ids: set[Any] | None = None) -> None:
         """Drop working sets (all, or these conversations'): a revoked partition."""

@@ -124,12 +124,12 @@ class CassandraViews(LoginReads):
 
     @contextmanager
     def unit_of_work(
-        self, targets: frozenset[str] = ALL_TARGETS, *, now: float | None = None, partition: int = 0
+        self, targets: frozenset[str] = ALL_TARGETS, *, now: float | None = None
     ) -> Iterator[CassandraWriter]:
         """Writes in the block are executed when it exits without an exception (an
         exception writes nothing), in the crash-safe order of the module docstring."""
         with self._lock:
-            w = CassandraWriter(targets, partition)
+            w = CassandraWriter(targets)
             yield w
             self._commit(w, now)
 

@@ -145,10 +145,10 @@ class CassandraWriter:
     """The ViewWriter of one unit of work: every write is buffered (the last one per key
     wins, as it would in order), executed by the store when the block exits cleanly."""
 
-    def __init__(self, targets: frozenset[str], partition: int) -> None:
+    def __init__(self, targets: frozenset[str]) -> None:
         self.targets = targets
-        self.partition = partition
-        self.above = 0  # the host sets it with `partition` (ViewWriter.above)
+        self.partition = 0  # the host sets it (ViewWriter.partition), and `above` with it
+        self.above = 0
         self.floors: dict[tuple[str, str], int] = {}  # (tenant, user) -> the lowest `above` of its puts (ADR-0045)
         self.mailbox: list[tuple[str, MessageRefs]] = []
         self.mailbox_entries = self.largest_message = 0  # entries in all, and in its largest message
