@@ -33,6 +33,10 @@ from projections.rows import STATE_COLUMNS, delivery_dict, head_dict, message_di
 from projections.state import SessionHead, SessionItem, SessionState, UserConversationState
 
 
+def _no_step(_name: str) -> None:
+    pass
+
+
 class SqliteViews:
     """The views database plus the mailbox store; one writer, many readers."""
 
@@ -64,17 +68,23 @@ class SqliteViews:
         self, targets: frozenset[str] = ALL_TARGETS, *, now: float | None = None
     ) -> Iterator[SqliteWriter]:
         """Everything written in the block commits with the tracking positions.
-        The mailbox shards are made durable first (idempotent), then the views."""
+        The mailbox shards are made durable first (idempotent), then the views. Named steps
+        (the host's checkpoint, where the crash tests kill): `mailbox` before each message's
+        mailbox write, `tracking` once the mailbox holds the unit and the views have not
+        committed it."""
         with self._write_lock:
             con = self._con
             w = SqliteWriter(con, targets)
             con.execute("BEGIN IMMEDIATE")
             try:
                 yield w
+                step = w.checkpoint or _no_step
                 for tenant, refs in w.mailbox:
+                    step("mailbox")
                     self.mailbox.write(tenant, refs)
                 if w.mailbox:
                     self.mailbox.flush()
+                step("tracking")
                 if w.deliveries:
                     at = now if now is not None else time.time()
                     con.executemany(

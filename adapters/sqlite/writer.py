@@ -40,7 +40,7 @@ class SqliteWriter:
         self.log_positions: dict[int, LogPosition] = {}
         self.partition = 0  # one log, one partition
         self.above = 0  # unused here: a mailbox read is one index range (ADR-0045 is Cassandra's)
-        self.checkpoint: Callable[[str], None] | None = None  # one transaction: never called
+        self.checkpoint: Callable[[str], None] | None = None  # the host's, called by SqliteViews.unit_of_work between its steps
         self.head_keys: set[tuple[str, str]] = set()  # the heads put (heads_written)
 
     def track(self, projection: str, position: int, partition: int = 0) -> None:
