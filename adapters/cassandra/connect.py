@@ -33,7 +33,7 @@ TIMEOUT = 30.0  # seconds per request
 TUPLE_ROWS = "tuple-rows"
 # The driver's default reconnection policy doubles its delay up to 600 s: after a Cassandra
 # restart of ~16 s the next attempt came ~15 s after the node was back (the worker's retried
-# unit and the replicas' watermark watcher waited for it; tests/distributed/test_crash.py).
+# unit and the replicas' views-position watcher waited for it; tests/distributed/test_crash.py).
 RECONNECT_DELAYS = (0.5, 5.0)  # seconds: first delay, longest delay between attempts
 
 
