@@ -44,9 +44,12 @@ cluster-down:
 
 # The node-loss tests on the three-node cluster (tests/cluster/): up, the tests, down (always).
 # FANOUT_CRASH_MEMBERS: the group's size (10,000 here; ADR-0027 says why not 100,000).
+# CLUSTER_RUNS: runs of each scenario (3 for people who change the cluster code; .ci/run: 1).
+CLUSTER_RUNS ?= 3
 test-cluster: $(DIST_STAMP)
 	PY=$(BIN)/python infra/cluster/up.sh
-	FANOUT_CRASH_MEMBERS=$${FANOUT_CRASH_MEMBERS:-10000} $(BIN)/python -m pytest -m cluster -s tests/cluster; \
+	FANOUT_CRASH_MEMBERS=$${FANOUT_CRASH_MEMBERS:-10000} FANOUT_CRASH_RUNS=$(CLUSTER_RUNS) \
+	  $(BIN)/python -m pytest -m cluster -s tests/cluster; \
 	  status=$$?; infra/cluster/down.sh; exit $$status
 
 # up, smoke checks with the real clients, timings and RSS, down (always)

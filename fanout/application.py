@@ -48,8 +48,8 @@ from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
 from eventsourcing.domain import Aggregate
-from eventsourcing.persistence import InfrastructureFactory, RecordConflictError, Recording
-from eventsourcing.utils import Environment, get_topic
+from eventsourcing.persistence import RecordConflictError, Recording
+from eventsourcing.utils import get_topic
 
 from domain.conversation import Conversation, check_id
 from domain.errors import AlreadyExists, FanoutError, InvalidArgument, NotFound, Unavailable
@@ -202,16 +202,6 @@ class FanoutApplication(Application[UUID]):
         self.legacy_read_marks = legacy_read_marks
         self.activity = PendingActivity(self.lock, activity_flush_interval, self._flush_conversation)
         self.activity_events = 0  # MembersActive events saved
-
-    def construct_factory(self, env: Environment) -> InfrastructureFactory[Any]:
-        """eventsourcing's factory; on PostgreSQL one whose recorders create their tables
-        under an advisory lock (fanout/event_store.py), so processes starting at once do
-        not race (ADR-0022)."""
-        if env.get("PERSISTENCE_MODULE") == "eventsourcing.postgres":
-            from fanout.event_store import SchemaLockedFactory
-
-            return SchemaLockedFactory(env)
-        return super().construct_factory(env)
 
     # -- plumbing ------------------------------------------------------------
 

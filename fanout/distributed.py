@@ -125,7 +125,7 @@ class DistributedRuntime:
             max_entries=params.max_projection_lag_entries,
         )
         self.app.recorded_listeners.append(self.backpressure.recorded)
-        # reference_clock(recorder): the event store's time (fanout.event_store.database_clock),
+        # reference_clock(recorder): the event store's time (adapters/postgres/event_store.py database_clock),
         # which this replica's clock, the one its sends are stamped with, is held to (ADR-0041)
         self.clock_guard: ClockGuard | None = None
         if reference_clock is not None and params.max_clock_skew > 0:

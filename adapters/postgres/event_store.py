@@ -10,12 +10,9 @@
   "pg_type_typname_nsp_index"` (or `relation ... already exists`), and two restarts
   recreating the function (CREATE OR REPLACE, on every start) with `tuple concurrently
   updated`. A creator that does not take the lock (an older build) can still race one that
-  does: those catalog errors are retried a few times as well.
-  `FanoutApplication` uses this factory for every eventsourcing.postgres environment.
-* `check_event_store`: a plain connection before the pool opens, so a missing database,
-  a server that does not answer or a refused login is one line naming the URL (without
-  its password) and what to do, not eventsourcing's "couldn't get a connection after
-  5.00 sec".
+  does: those catalog errors are retried a few times as well. The composition root names
+  this factory in the environment of every PostgreSQL event store
+  (fanout/bootstrap/event_store.py `postgres_event_store`).
 * `database_clock`: the server's time, which the API replicas measure their clocks against
   (ADR-0041).
 * `binary_insert`: the recorders' INSERT sends its array of stored events in psycopg's
@@ -29,7 +26,7 @@ import hashlib
 import logging
 import random
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -42,7 +39,7 @@ from eventsourcing.postgres import (
 )
 from psycopg.sql import SQL, Composed
 
-from fanout.config import EngineUnavailable
+from adapters.postgres.connect import EventStoreUnavailable, sqlstate
 
 log = logging.getLogger("fanout.event_store")
 
@@ -53,13 +50,11 @@ CATALOG_RETRIES = 5  # attempts when a creator without the lock raced this one
 CATALOG_RACE = {"23505", "XX000", "42P07", "42710"}
 
 
-class EventStoreUnavailable(EngineUnavailable):
-    """The event store cannot be opened for a reason the operator can fix: one line."""
-
-
 def lock_key(schema: str) -> int:
     """The advisory lock key (a signed 64-bit int) of the event store's schema objects in a
-    schema. Advisory locks are per database, so namespaces in other databases never wait."""
+    schema. Advisory locks are per database, so namespaces in other databases never wait.
+    The text hashed is the one every release has used: processes of two releases starting
+    at once wait for each other."""
     digest = hashlib.blake2b(f"fanout.event_store.schema:{schema}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
 
@@ -100,16 +95,6 @@ def database_clock(recorder: Any) -> float:
         return float(row["now"])
 
 
-def _sqlstate(exc: BaseException) -> str | None:
-    seen: BaseException | None = exc
-    while seen is not None:
-        state = getattr(seen, "sqlstate", None)
-        if state:
-            return str(state)
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
 TEXT_ARRAY = "unnest(%s::"  # the placeholder of eventsourcing's insert of stored events
 BINARY_ARRAY = "unnest(%b::"
 
@@ -146,7 +131,7 @@ class SchemaLocked(PostgresRecorder):
             except EventStoreUnavailable:
                 raise
             except Exception as exc:
-                if _sqlstate(exc) not in CATALOG_RACE or attempt == CATALOG_RETRIES:
+                if sqlstate(exc) not in CATALOG_RACE or attempt == CATALOG_RETRIES:
                     raise
                 log.info("creating the event store's tables raced another creator (%s); again", exc)
                 time.sleep(random.uniform(0.05, 0.2) * attempt)  # noqa: S311 (jitter, not crypto)
@@ -161,69 +146,8 @@ class SchemaLockedAggregateRecorder(SchemaLocked, PostgresAggregateRecorder):
 
 
 class SchemaLockedFactory(PostgresFactory):
-    """eventsourcing's PostgreSQL factory with the recorders above; `FanoutApplication`
-    uses it for every eventsourcing.postgres environment."""
+    """eventsourcing's PostgreSQL factory with the recorders above: an environment whose
+    PERSISTENCE_MODULE is this class's topic opens it."""
 
     aggregate_recorder_class = SchemaLockedAggregateRecorder
     application_recorder_class = SchemaLockedRecorder
-
-
-# -- opening it ----------------------------------------------------------------------------
-
-
-def safe_url(env: Mapping[str, str]) -> str:
-    """The store's URL from eventsourcing's environment, without the password."""
-    return (
-        f"postgresql://{env.get('POSTGRES_USER', 'postgres')}@{env.get('POSTGRES_HOST', '?')}:"
-        f"{env.get('POSTGRES_PORT', '5432')}/{env.get('POSTGRES_DBNAME', '?')}"
-    )
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    # psycopg: 'connection failed: connection to server at "h", port p failed: FATAL:  database ...'
-    if "FATAL:" in text:
-        text = text.split("FATAL:", 1)[1]
-    text = text.removeprefix("connection failed: ")
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return " ".join(lines[0].split()) if lines else type(exc).__name__
-
-
-def unavailable_message(env: Mapping[str, str], exc: BaseException, setting: str = "FANOUT_EVENT_STORE") -> str:
-    """One line for a connection the store refused or never answered, with what to do."""
-    url, db = safe_url(env), env.get("POSTGRES_DBNAME", "?")
-    host, port, user = env.get("POSTGRES_HOST", "?"), env.get("POSTGRES_PORT", "5432"), env.get("POSTGRES_USER", "?")
-    state, what = _sqlstate(exc), _first_line(exc)
-    lowered = what.lower()
-    if state == "3D000" or ("database" in lowered and "does not exist" in lowered):
-        return (
-            f"{setting}: the database {db!r} does not exist at {url}: create it "
-            f"(createdb -h {host} -p {port} -U {user} {db}) or name an existing one in {setting}"
-        )
-    if state in ("28P01", "28000") or "authentication" in lowered or "no pg_hba.conf entry" in lowered:
-        return f"{setting}: PostgreSQL at {url} refused the login ({what}): check the user and password in {setting}"
-    if "refused" in lowered or "timeout" in lowered or "timed out" in lowered or "could not translate" in lowered:
-        return (
-            f"{setting}: PostgreSQL at {url} does not answer ({what}): start it, "
-            f"or name the right host and port in {setting}"
-        )
-    return f"{setting}: cannot connect to PostgreSQL at {url}: {what}"
-
-
-def check_event_store(env: Mapping[str, str], setting: str = "FANOUT_EVENT_STORE") -> None:
-    """Connect once, plainly; EventStoreUnavailable (one line, with what to do) when the
-    store cannot be reached or opened."""
-    import psycopg
-
-    try:
-        conn = psycopg.connect(
-            host=env["POSTGRES_HOST"],
-            port=int(env.get("POSTGRES_PORT", "5432")),
-            user=env["POSTGRES_USER"],
-            password=env.get("POSTGRES_PASSWORD") or None,
-            dbname=env["POSTGRES_DBNAME"],
-            connect_timeout=int(env.get("POSTGRES_CONNECT_TIMEOUT") or "5"),
-        )
-    except psycopg.Error as exc:
-        raise EventStoreUnavailable(unavailable_message(env, exc, setting)) from None
-    conn.close()

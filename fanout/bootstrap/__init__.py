@@ -8,6 +8,7 @@ nothing else imports an adapter or a host (tests/unit/test_layering.py).
     worker.py    a projection worker: bootstrap_worker()
     relay.py     the event store -> Kafka relay: bootstrap_relay()
     stores.py    the stores and the host the operator tools open (rebuild, verify, replay)
+    event_store.py  the PostgreSQL event store every process of the distributed runtime opens
 
 What a process does with the effects of a committed unit (pushes, reviews) is said by the
 handlers each of these gives `fanout/effects.py`."""
@@ -29,6 +30,7 @@ from fanout.bootstrap.embedded import (
     open_views_only,
     sqlite_event_store,
 )
+from fanout.bootstrap.event_store import postgres_event_store
 from fanout.bootstrap.replica import bootstrap_distributed, open_cassandra_views
 from fanout.bootstrap.stores import (
     RebuildSite,
@@ -63,6 +65,7 @@ __all__ = [
     "open_runtime",
     "open_views",
     "open_views_only",
+    "postgres_event_store",
     "rebuild_host",
     "sqlite_event_store",
     "worker_group_members",

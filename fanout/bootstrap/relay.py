@@ -13,10 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from adapters.postgres.connect import EventStoreUnavailable, check_event_store
 from domain.params import Parameters
 from fanout.application import FanoutApplication
-from fanout.event_store import EventStoreUnavailable, check_event_store
-from fanout.urls import UrlError, kafka_settings, postgres_env
+from fanout.bootstrap.event_store import postgres_event_store
+from fanout.urls import UrlError, kafka_settings
 
 
 class RelayExit(RuntimeError):
@@ -76,7 +77,7 @@ def bootstrap_relay(env: Mapping[str, str], options: RelayOptions, *, kafka_logg
     if not options.commit_interval >= 0:
         raise RelayExit("--commit-interval-ms must be 0 or more", 2)
     try:
-        store_env = postgres_env(_setting(env, "FANOUT_EVENT_STORE"))
+        store_env = postgres_event_store(_setting(env, "FANOUT_EVENT_STORE"))
         kafka = kafka_settings(_setting(env, "FANOUT_LOG"))
     except UrlError as exc:
         raise RelayExit(str(exc), 2) from None

@@ -9,10 +9,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from fanout.bootstrap.event_store import postgres_event_store
 from fanout.config import EngineUnavailable, Settings
 from fanout.distributed import DistributedRuntime
 from fanout.rereview import MailboxMeter
-from fanout.urls import CassandraSettings, cassandra_settings, kafka_settings, postgres_env
+from fanout.urls import CassandraSettings, cassandra_settings, kafka_settings
 from projections.head_cache import HeadCache
 from projections.ports import StoreLayoutError, ViewStore
 from streams.routing import conversation_partition
@@ -48,12 +49,16 @@ def bootstrap_distributed(
     store (tables created if absent), the views in Cassandra (keyspace and tables created if
     absent), pushes and health from Kafka. The relay and the workers run apart
     (`fanout relay`, `fanout worker`)."""
-    from fanout.event_store import check_event_store, database_clock
+    from adapters.postgres.connect import EventStoreUnavailable, check_event_store
+    from adapters.postgres.event_store import database_clock
     from streams.replica_links import KafkaReplicaLinks  # Kafka's client: when this runtime is built
 
     kafka = kafka_settings(settings.log)
-    env = postgres_env(settings.event_store)
-    check_event_store(env)  # a missing database or a server down: one line naming the URL and what to do
+    env = postgres_event_store(settings.event_store)
+    try:
+        check_event_store(env)  # a missing database or a server down: one line naming the URL and what to do
+    except EventStoreUnavailable as exc:
+        raise EngineUnavailable(str(exc)) from None
     built = None
     head_cache = None
     if views is None:
@@ -83,7 +88,9 @@ def bootstrap_distributed(
             head_cache=head_cache,
             reference_clock=database_clock,  # this replica's clock held to PostgreSQL's (ADR-0041)
         )
-    except BaseException:
+    except BaseException as exc:
         if built is not None:
             built.close()
+        if isinstance(exc, EventStoreUnavailable):  # another process's table creation never ended
+            raise EngineUnavailable(str(exc)) from None
         raise

@@ -13,9 +13,10 @@ from adapters.sqlite.rebuild import SqliteAsideBuilds
 from domain.params import Parameters
 from fanout.application import FanoutApplication
 from fanout.bootstrap.embedded import bootstrap, open_application, open_views, sqlite_event_store
+from fanout.bootstrap.event_store import postgres_event_store
 from fanout.bootstrap.replica import open_cassandra_views
 from fanout.config import ConfigError, Settings, is_distributed
-from fanout.urls import cassandra_settings, kafka_settings, postgres_env
+from fanout.urls import cassandra_settings, kafka_settings
 from projections.ports import ALL_TARGETS, AsideBuilds, ViewStore
 from streams.embedded import EmbeddedRunner
 
@@ -126,7 +127,7 @@ def open_application_for(settings: Settings, data_dir: Path | str | None = None,
     (no table is created): PostgreSQL for FANOUT_EVENT_STORE=postgresql://..., else the
     SQLite store of the data dir (the tools that read the log: `fanout replay`)."""
     if is_distributed(settings):
-        env = postgres_env(settings.event_store)
+        env = postgres_event_store(settings.event_store)
         env["CREATE_TABLE"] = "n"
         return FanoutApplication(settings.params, env, **wiring)
     return open_application(settings.params, settings.data_dir if data_dir is None else data_dir,

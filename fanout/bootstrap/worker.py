@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from adapters.postgres.connect import EventStoreUnavailable, check_event_store
 from domain.params import Parameters
 from fanout.application import FanoutApplication
 from fanout.bootstrap.embedded import DataDirLock, open_mailbox, open_views
+from fanout.bootstrap.event_store import postgres_event_store
 from fanout.bootstrap.replica import open_cassandra_views
 from fanout.config import EngineUnavailable
 from fanout.effects import Effects, open_review
-from fanout.event_store import EventStoreUnavailable, check_event_store
 from fanout.rereview import MailboxMeter
 from fanout.urls import UrlError, cassandra_settings, kafka_settings, postgres_env
 from projections.capacity import ReviewTrigger
@@ -167,7 +168,7 @@ def bootstrap_worker(
         # until the worker runs (a start-up failure is this command's one line).
         built.health = health = process_health(kafka.brokers)
         health.muted = True
-        store_env = postgres_env(env["FANOUT_EVENT_STORE"])
+        store_env = postgres_event_store(env["FANOUT_EVENT_STORE"])
         try:
             check_event_store(store_env)  # names the URL and what to do, not "couldn't get a connection"
             app = FanoutApplication(params, store_env, shared_store=True)  # replicas and workers write too

@@ -22,7 +22,7 @@ PostgreSQL log, exact session counts, and `fanout verify` finds no difference. E
 how long the node took to come back and how long the views took to catch up after it.
 
 Group size: FANOUT_CRASH_MEMBERS (as in test_crash; `make test-cluster` sets 10,000, see
-docs/adr/0027-three-node-cluster.md); RUNS runs of each scenario (FANOUT_CRASH_RUNS, 3)."""
+docs/adr/0027-three-node-cluster.md); RUNS runs of each scenario (FANOUT_CRASH_RUNS: 3 in `make test-cluster`, 1 in .ci/run)."""
 
 from __future__ import annotations
 

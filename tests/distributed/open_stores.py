@@ -19,8 +19,8 @@ import sys
 
 from domain.params import Parameters
 from fanout.application import FanoutApplication
-from fanout.bootstrap import open_cassandra_views
-from fanout.urls import cassandra_settings, kafka_settings, postgres_env
+from fanout.bootstrap import open_cassandra_views, postgres_event_store
+from fanout.urls import cassandra_settings, kafka_settings
 from streams.kafka import ensure_topic, partition_count
 from streams.pushes import ensure_pushes_topic, pushes_topic
 
@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
     print("READY", flush=True)
     sys.stdin.readline()
     try:
-        app = FanoutApplication(Parameters(), postgres_env(os.environ["FANOUT_EVENT_STORE"]), shared_store=True)
+        app = FanoutApplication(Parameters(), postgres_event_store(os.environ["FANOUT_EVENT_STORE"]), shared_store=True)
         app.close()
         # the event topic as the worker creates it (then counts its partitions) and as the relay does
         ensure_topic(kafka.brokers, kafka.topic, kafka.partitions, kafka.replication)

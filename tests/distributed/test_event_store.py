@@ -18,8 +18,8 @@ from domain.errors import FanoutError, RateLimited
 from domain.params import Parameters
 from domain.quota import QUOTA_SLOTS, TenantQuotaSlot
 from fanout.application import FanoutApplication
+from fanout.bootstrap import postgres_event_store
 from fanout.clock import FakeClock
-from fanout.urls import postgres_env
 
 T = "acme"
 
@@ -27,7 +27,7 @@ T = "acme"
 @pytest.fixture
 def replicas(fresh_postgres: str) -> Iterator[tuple[FakeClock, list[FanoutApplication]]]:
     clock = FakeClock()
-    env = postgres_env(fresh_postgres)
+    env = postgres_event_store(fresh_postgres)
     apps = [FanoutApplication(Parameters(), dict(env), clock=clock, shared_store=True) for _ in range(3)]
     try:
         yield clock, apps
@@ -297,7 +297,9 @@ def test_stored_events_go_in_binary_and_come_back_byte_for_byte(fresh_postgres: 
 
     from eventsourcing.persistence import StoredEvent
 
-    app = FanoutApplication(Parameters(), dict(postgres_env(fresh_postgres)), clock=FakeClock(), shared_store=True)
+    app = FanoutApplication(
+        Parameters(), dict(postgres_event_store(fresh_postgres)), clock=FakeClock(), shared_store=True
+    )
     try:
         recorders = [app.recorder, app.snapshots.recorder] if app.snapshots else [app.recorder]
         for recorder in recorders:

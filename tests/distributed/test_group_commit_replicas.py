@@ -19,7 +19,7 @@ import pytest
 from domain.conversation import Conversation
 from domain.params import Parameters, Rate
 from fanout.application import FanoutApplication
-from fanout.urls import postgres_env
+from fanout.bootstrap import postgres_event_store
 
 T = "acme"
 CONVERSATIONS = [f"c{i}" for i in range(4)]
@@ -29,7 +29,7 @@ ROUNDS, GROUP = 15, 8
 
 @pytest.fixture
 def env(fresh_postgres: str) -> Iterator[dict[str, str]]:
-    yield postgres_env(fresh_postgres)
+    yield postgres_event_store(fresh_postgres)
 
 
 def test_replicas_sending_groups_to_the_same_conversations_lose_and_double_nothing(env: dict[str, str]) -> None:

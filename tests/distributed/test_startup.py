@@ -33,12 +33,13 @@ from typing import Any
 import psycopg
 import pytest
 
+from adapters.postgres.event_store import SchemaLockedRecorder, lock_key
 from domain.conversation import Conversation
 from domain.params import Parameters
 from fanout.application import FanoutApplication
-from fanout.event_store import SchemaLockedRecorder, lock_key
+from fanout.bootstrap import postgres_event_store
 from fanout.security import mint_token
-from fanout.urls import kafka_settings, postgres_env
+from fanout.urls import kafka_settings
 from streams.kafka import partition_count
 from streams.worker import free_port
 from tests.distributed.cluster import Cluster, cluster_for, create_namespace, drop_namespace
@@ -98,7 +99,7 @@ def _open_at_once(urls: Mapping[str, str]) -> list[str]:
 
 def _send_and_read(urls: Mapping[str, str], expected: int) -> None:
     """One message through the command side on the store, read back by another instance."""
-    env = postgres_env(urls["FANOUT_EVENT_STORE"])
+    env = postgres_event_store(urls["FANOUT_EVENT_STORE"])
     app = FanoutApplication(Parameters(), env, shared_store=True)
     try:
         if expected == 1:
@@ -161,7 +162,7 @@ def test_an_opener_waits_for_the_schema_lock(database: Any) -> None:
     """The mechanism, not the luck of timing: while another session holds the lock, a
     process opening the store waits; it opens once the lock is released."""
     urls = database()
-    env = postgres_env(urls["FANOUT_EVENT_STORE"])
+    env = postgres_event_store(urls["FANOUT_EVENT_STORE"])
     unopened = FanoutApplication(Parameters(), {**env, "CREATE_TABLE": "n"})
     assert isinstance(unopened.recorder, SchemaLockedRecorder)
     key = lock_key(unopened.recorder.datastore.schema)
