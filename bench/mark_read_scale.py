@@ -37,7 +37,7 @@ from domain.conversation import Conversation  # noqa: E402
 from domain.errors import FanoutError  # noqa: E402
 from domain.params import Parameters, Rate  # noqa: E402
 from fanout.application import FanoutApplication  # noqa: E402
-from fanout.urls import postgres_env  # noqa: E402
+from fanout.bootstrap import postgres_event_store  # noqa: E402
 
 T = "bench"
 
@@ -157,7 +157,7 @@ def main() -> int:
         tenant_fanout_quota_capacity=1e15,
         tenant_fanout_quota_refill_per_sec=1e15,
     )
-    env = postgres_env(with_path(args.postgres, name))
+    env = postgres_event_store(with_path(args.postgres, name))
     apps: list[FanoutApplication] = []
     try:
         apps = [FanoutApplication(params, dict(env), shared_store=True) for _ in range(args.replicas)]

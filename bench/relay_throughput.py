@@ -31,8 +31,9 @@ from eventsourcing.persistence import StoredEvent
 
 from domain.params import Parameters
 from fanout.application import FanoutApplication
+from fanout.bootstrap import postgres_event_store
 from fanout.clock import FakeClock
-from fanout.urls import kafka_settings, postgres_env
+from fanout.urls import kafka_settings
 from streams.relay import Relay
 
 ENGINES_ENV = Path(os.environ.get("FANOUT_ENGINES_DIR", "/tmp/fanout-engines")) / "engines.env"
@@ -155,7 +156,7 @@ def main() -> None:
     with psycopg.connect(admin_url, autocommit=True, connect_timeout=5) as conn:
         conn.execute(f'CREATE DATABASE "{db}"')
     try:
-        env = postgres_env(with_db(args.store, db))
+        env = postgres_event_store(with_db(args.store, db))
         t0 = time.perf_counter()
         top = write_log(env, args.events)
         print(f"log: {top} events written in {time.perf_counter() - t0:.1f}s (database {db})")

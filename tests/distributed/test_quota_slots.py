@@ -19,7 +19,7 @@ from domain.errors import FanoutError, FanoutQuotaExceeded, Unavailable
 from domain.params import Parameters, Rate
 from domain.quota import QUOTA_SLOTS, TenantQuotaSlot
 from fanout.application import FanoutApplication
-from fanout.urls import postgres_env
+from fanout.bootstrap import postgres_event_store
 
 T = "acme"
 MEMBERS = 10  # entries per send (write policy always)
@@ -27,7 +27,7 @@ MEMBERS = 10  # entries per send (write policy always)
 
 @pytest.fixture
 def env(fresh_postgres: str) -> Iterator[dict[str, str]]:
-    yield postgres_env(fresh_postgres)
+    yield postgres_event_store(fresh_postgres)
 
 
 def open_gates(capacity: float, refill: float) -> Parameters:

@@ -39,8 +39,9 @@ from domain.reads import MemberReadState
 from domain.review import Review
 from domain.tier import Tier
 from fanout.application import FanoutApplication
+from fanout.bootstrap import postgres_event_store
 from fanout.clock import FakeClock
-from fanout.urls import KafkaSettings, kafka_settings, postgres_env
+from fanout.urls import KafkaSettings, kafka_settings
 from projections.hosting import folded_topics
 from streams.positions import PositionUnreadable, position_consumer, relayed_position
 from streams.records import EventRecord, Watermark, decode
@@ -66,7 +67,7 @@ def kafka(fresh_kafka: str) -> Iterator[KafkaSettings]:
 
 @pytest.fixture
 def store(fresh_postgres: str) -> Iterator[tuple[str, dict[str, str]]]:
-    yield fresh_postgres, postgres_env(fresh_postgres)
+    yield fresh_postgres, postgres_event_store(fresh_postgres)
 
 
 class Writer:

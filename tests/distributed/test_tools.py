@@ -21,9 +21,9 @@ from adapters.cassandra.stamps import stamp
 from cli.main import main
 from domain.params import Parameters
 from fanout.application import FanoutApplication
-from fanout.bootstrap import bootstrap
+from fanout.bootstrap import bootstrap, postgres_event_store
 from fanout.clock import FakeClock
-from fanout.urls import cassandra_settings, postgres_env
+from fanout.urls import cassandra_settings
 from tests.distributed.cluster import Cluster, running_cluster
 
 T = "acme"
@@ -90,7 +90,7 @@ def test_replay_of_the_postgresql_log_equals_the_embedded_one(
         sent = app.sent_message(tenant, cid, seq)
         return sent.sender if sent is not None else None
 
-    app = FanoutApplication(Parameters(), postgres_env(fresh_postgres), clock=clock, message_sender=sender)
+    app = FanoutApplication(Parameters(), postgres_event_store(fresh_postgres), clock=clock, message_sender=sender)
     try:
         commands(app, clock)
     finally:

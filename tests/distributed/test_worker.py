@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from fanout.bootstrap import open_views, open_views_only
-from fanout.urls import kafka_settings, postgres_env
+from fanout.bootstrap import open_views, open_views_only, postgres_event_store
+from fanout.urls import kafka_settings
 from projections.delivery import Delivered
 from projections.hosting import PROJECTIONS
 from streams.kafka import ensure_topic
@@ -183,7 +183,7 @@ def sqlite_positions(data_dir: Path) -> Callable[[], dict[tuple[str, int], int]]
 
 @pytest.fixture
 def log(fresh_postgres: str) -> Iterator[LogBuilder]:
-    b = LogBuilder(postgres_env(fresh_postgres))
+    b = LogBuilder(postgres_event_store(fresh_postgres))
     try:
         write_log(b)
         yield b
@@ -374,7 +374,7 @@ def cassandra_views(url: str) -> Any:
 def test_two_workers_share_the_partitions_and_one_killed_mid_stream_loses_nothing(
     fresh_postgres: str, fresh_kafka: str, fresh_cassandra: str, tmp_path: Path
 ) -> None:
-    b = LogBuilder(postgres_env(fresh_postgres))
+    b = LogBuilder(postgres_event_store(fresh_postgres))
     try:
         write_log(b, rounds=4)
         notes = b.notes()
@@ -483,7 +483,7 @@ def sqlite_worker_setup(
 ) -> tuple[list[Any], dict[str, Any], Any, FakeRelay, Path, dict[str, str]]:
     """A log written (`rounds` of write_log) and its reference snapshot, a fresh topic and its
     relay, an empty data dir for a worker's SQLite views and that worker's environment."""
-    b = LogBuilder(postgres_env(postgres))
+    b = LogBuilder(postgres_event_store(postgres))
     try:
         write_log(b, rounds=rounds)
         notes = b.notes()

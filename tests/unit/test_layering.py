@@ -4,10 +4,10 @@ Every module's imports are read with `ast` (also those inside functions and unde
 TYPE_CHECKING: a lazy import is still a dependency) and checked against one table:
 which packages a package may import. Two finer rules sit beside the table: an adapter
 stands alone (a module of one engine's package, `adapters/cassandra/`, `adapters/sqlite/`,
-`adapters/rocksdb/`, imports only modules of that package; `adapters/memory.py` imports
-no other adapter), and only the composition root (the `fanout/bootstrap/` package) picks
-adapters and the projection host: the entry points (`cli/`, `tools/`, `api/`) reach them
-through it.
+`adapters/rocksdb/`, `adapters/postgres/`, imports only modules of that package;
+`adapters/memory.py` imports no other adapter), and only the composition root (the
+`fanout/bootstrap/` package) picks adapters and the projection host: the entry points
+(`cli/`, `tools/`, `api/`) reach them through it.
 
 A violation that is known and has an owner is listed in PENDING with the fix that
 removes it; the test fails on any other violation, and also when a pending one is gone
