@@ -3,8 +3,9 @@
 Who creates which topic, with what (so that the count never depends on which process starts
 first):
 
-* the **event topic** (FANOUT_LOG's `topic`): the relay, which writes it, and a worker that
-  starts before it; both with FANOUT_LOG's `partitions`, `replication` and `min_insync`, and
+* the **event topic** (FANOUT_LOG's `topic`): the relay, which writes it (streams/relay.py), and
+  a worker that starts before it (its composition root, fanout/bootstrap/worker.py), once a
+  process; both with FANOUT_LOG's `partitions`, `replication` and `min_insync`, and
   records of up to `streams.records.MAX_RECORD_BYTES`;
 * the **pushes topic** (`<topic>.pushes`): the workers' publisher and the API replicas'
   subscriber, both with the event topic's `partitions` from the same URL, records of up to

@@ -102,14 +102,16 @@ class PushPublisher:
     """Publishes Delivered effects. `publish` only queues (librdkafka sends within
     `linger_ms`); `flush` waits for the broker's acknowledgement. `on_delivered(sent_at)` is
     called for each record the broker acknowledged, with the wall-clock time it was sent at
-    (Kafka was reachable after that)."""
+    (Kafka was reachable after that). `partitions`: the event topic's count (FANOUT_LOG), the
+    pushes topic's if this publisher creates it; no default, which would decide the count by
+    whichever process starts first (streams/kafka.py)."""
 
     def __init__(
         self,
         brokers: str,
         topic: str,
         *,
-        partitions: int = 1,
+        partitions: int,
         replication: int = 1,
         min_insync: int = 0,
         linger_ms: int = 2,
@@ -198,7 +200,8 @@ class PushSubscriber:
     thread; its exceptions are logged. With `on_beat`, the last BEAT_LOOKBACK records of each
     partition are read back too, for their heartbeats only: a replica knows the live workers
     at once, not a beat interval after it starts. With `wants(tenant)`, a push of a tenant it
-    answers False for is skipped undecoded (counted in `skipped`)."""
+    answers False for is skipped undecoded (counted in `skipped`). `partitions`: as the
+    publisher's, the event topic's count (no default)."""
 
     def __init__(
         self,
@@ -206,13 +209,13 @@ class PushSubscriber:
         topic: str,
         callback: Callable[[Delivered], Any],
         *,
+        partitions: int,
         on_beat: Callable[[WorkerBeat, float], Any] | None = None,
         on_tracked: Callable[[ViewsTracked], Any] | None = None,
         wants: Callable[[str], bool] | None = None,
         poll: float = 0.2,
         replication: int = 1,
         min_insync: int = 0,
-        partitions: int = 1,
     ) -> None:
         self.brokers = brokers
         self.topic = topic

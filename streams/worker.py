@@ -54,10 +54,10 @@ from projections.hosting import Effect
 from projections.ports import ViewStore
 from streams.heartbeats import BEAT_INTERVAL, WorkerBeat, worker_id
 from streams.host import Fenced, ProjectionHost, Record
-from streams.kafka import ensure_topic, partition_count
+from streams.kafka import partition_count
 from streams.log_reader import KafkaPartitionReader, LogGapUnreadable
 from streams.read_committed import WorkerApp
-from streams.records import MAX_RECORD_BYTES, BadRecord, EventRecord, decode
+from streams.records import BadRecord, EventRecord, decode
 
 log = logging.getLogger("fanout.worker")
 
@@ -159,10 +159,8 @@ class Applier:
 @dataclass(frozen=True)
 class WorkerSettings:
     brokers: str  # host:port[,host:port]
-    topic: str  # the event topic
-    partitions: int = 6  # of the event topic, when this worker creates it
-    replication: int = 1
-    min_insync: int = 0  # min.insync.replicas of the event topic, when this worker creates it
+    topic: str  # the event topic (it exists: the composition root ensures it, streams/kafka.py)
+    replication: int = 1  # FANOUT_LOG's: Faust's topic_replication_factor
     app_id: str | None = None  # the consumer group; default fanout-worker.<topic>
     web_port: int = 0  # Faust's web server on 127.0.0.1; 0: a free port
     datadir: Path | None = None  # Faust's data dir (nothing durable is kept there); default a temp dir
@@ -242,15 +240,6 @@ class ProjectionWorker:
             log_reader=self.log_reader,
         )
         self.applier = Applier(self.host)
-        ensure_topic(
-            s.brokers,
-            s.topic,
-            s.partitions,
-            s.replication,
-            max_message_bytes=MAX_RECORD_BYTES,
-            min_insync=s.min_insync,
-            timeout=30.0,
-        )
         # T1/T2 over the platform: evaluated by the worker holding partition 0 (ADR-0020).
         self.monitor = CapacityMonitor(params, views, partition_count(s.brokers, s.topic))
         datadir = s.datadir or Path(tempfile.mkdtemp(prefix="fanout-worker-"))

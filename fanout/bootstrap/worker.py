@@ -180,6 +180,7 @@ def bootstrap_worker(
         views = _open_views(views_url, data_dir, params, kafka.partitions, built)
         built.on_close(views.close)
         try:
+            # the event topic, ensured here once per worker process (the worker reads its count)
             ensure_topic(
                 kafka.brokers,
                 kafka.topic,
@@ -213,9 +214,7 @@ def bootstrap_worker(
                 WorkerSettings(
                     brokers=kafka.brokers,
                     topic=kafka.topic,
-                    partitions=kafka.partitions,
                     replication=kafka.replication,
-                    min_insync=kafka.min_insync,
                     app_id=options.app_id,
                     web_port=options.web_port,
                     datadir=faust_dir,

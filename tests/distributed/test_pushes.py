@@ -147,7 +147,9 @@ def test_every_push_published_after_a_subscriber_started_reaches_it_in_order(pus
 
         return cb
 
-    subscribers = [PushSubscriber(brokers, topic, collect(i)).start() for i in range(2)]  # two API replicas
+    subscribers = [  # two API replicas
+        PushSubscriber(brokers, topic, collect(i), partitions=4).start() for i in range(2)
+    ]
     try:
         sent = [delivered(s, cid=f"c{c}") for s in range(1, 21) for c in range(5)]
         # A record that is not a push (another writer) is skipped, not fatal.
@@ -189,7 +191,9 @@ def test_a_replica_skips_undecoded_the_pushes_of_tenants_it_holds_no_socket_of(p
         asked.append(tenant)
         return tenant == "acme"
 
-    sub = PushSubscriber(brokers, topic, got.append, on_beat=beats.seen, on_tracked=tracked.append, wants=wants)
+    sub = PushSubscriber(
+        brokers, topic, got.append, partitions=4, on_beat=beats.seen, on_tracked=tracked.append, wants=wants
+    )
     sub.start()
     try:
         ours = [delivered(i, cid="c1") for i in range(1, 11)]
@@ -224,7 +228,7 @@ def test_a_replica_knows_the_live_workers_at_start_and_pushes_nothing_sent_befor
         assert publisher.flush() == 0
         got: list[Delivered] = []
         beats = WorkerBeats()
-        sub = PushSubscriber(brokers, topic, got.append, on_beat=beats.seen).start()
+        sub = PushSubscriber(brokers, topic, got.append, partitions=4, on_beat=beats.seen).start()
         try:
             deadline = time.monotonic() + 10
             while beats.count() < 1 and time.monotonic() < deadline:
@@ -255,7 +259,7 @@ def test_a_subscriber_reads_back_only_the_last_records_of_a_partition(pushes: tu
             publisher.beat(WorkerBeat("w-old", (0,), time.time(), 1.0, leaving=i == BEAT_LOOKBACK - 1))
         assert publisher.flush() == 0
         beats = WorkerBeats()
-        sub = PushSubscriber(brokers, topic, lambda d: None, on_beat=beats.seen).start()
+        sub = PushSubscriber(brokers, topic, lambda d: None, partitions=4, on_beat=beats.seen).start()
         try:
             time.sleep(1.0)
             assert beats.count() == 0  # its last beat said it left
@@ -312,7 +316,7 @@ def test_a_worker_publishes_a_push_only_after_its_unit_committed(pushes: tuple[s
         publisher.publish(effects)
 
     received: list[Delivered] = []
-    subscriber = PushSubscriber(brokers, topic, received.append).start()
+    subscriber = PushSubscriber(brokers, topic, received.append, partitions=4).start()
     try:
         host = ProjectionHost(views, PARAMS, lambda r: b.app.mapper.to_domain_event(r.stored_event()), on_effects)
         for p, records in partitioned(notes).items():

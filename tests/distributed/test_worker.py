@@ -221,7 +221,7 @@ def test_one_worker_builds_the_reference_views_and_a_redelivery_changes_nothing(
             v.close()
         received.append((d, committed))
 
-    subscriber = PushSubscriber(kafka.brokers, pushes_topic(kafka.topic), on_push).start()
+    subscriber = PushSubscriber(kafka.brokers, pushes_topic(kafka.topic), on_push, partitions=kafka.partitions).start()
     relay = FakeRelay(kafka.brokers, kafka.topic)
     env = worker_env(fresh_postgres, fresh_kafka, "sqlite", data_dir)
     try:
