@@ -171,7 +171,7 @@ class DistributedRuntime:
 
     # -- the watchers ----------------------------------------------------------------------
 
-    def _watch(self) -> None:
+    def _watch_views_position(self) -> None:
         """The views' position, read a few times a second; wakes the waiters."""
         while not self._stop.is_set():
             try:
@@ -342,7 +342,10 @@ class DistributedRuntime:
         # Pushes of a tenant with no socket here are skipped undecoded: push_online, the only
         # Delivered handler of a replica, would push nothing for them.
         self._pushes = self.links.subscribe_pushes(lambda d: self._effects((d,)), self._on_tracked, self.hub.holds)
-        for target, name in ((self._watch, "fanout-watermark"), (self._check_health, "fanout-health")):
+        for target, name in (
+            (self._watch_views_position, "fanout-views-position"),
+            (self._check_health, "fanout-health"),
+        ):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)

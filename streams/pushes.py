@@ -66,9 +66,10 @@ _NOT_YET = (
 )
 
 
-def watermarks(consumer: Consumer, tp: TopicPartition, deadline: float) -> tuple[int, int]:
-    """(low, high) offsets of a partition; a partition whose leader is not known yet is asked
-    again until `deadline` (seen at start-up right after the topic was created)."""
+def offset_bounds(consumer: Consumer, tp: TopicPartition, deadline: float) -> tuple[int, int]:
+    """(low, high) offsets of a partition (Kafka's "watermark offsets", not the relay's
+    watermark records); a partition whose leader is not known yet is asked again until
+    `deadline` (seen at start-up right after the topic was created)."""
     while True:
         try:
             low, high = consumer.get_watermark_offsets(tp, timeout=max(0.1, deadline - time.monotonic()))
@@ -257,7 +258,7 @@ class PushSubscriber:
             starts: dict[int, int] = {}
             deadline = time.monotonic() + timeout
             for p in sorted(meta.partitions):
-                low, high = watermarks(consumer, TopicPartition(self.topic, p), deadline)
+                low, high = offset_bounds(consumer, TopicPartition(self.topic, p), deadline)
                 self._ends[p] = high
                 starts[p] = max(low, high - (BEAT_LOOKBACK if self.on_beat is not None else 0))
                 tps.append(TopicPartition(self.topic, p, starts[p]))
