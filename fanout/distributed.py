@@ -1,8 +1,8 @@
 """The distributed runtime as one API replica sees it: the command side on the shared
 PostgreSQL event store, the views in Cassandra written by the Faust workers, online
 pushes arriving from the workers through Kafka. Implements `fanout.runtime.Runtime`;
-`fanout.bootstrap.bootstrap` builds it from the SPEC section 8 URLs and hands it its
-adapters (this module imports no engine).
+`bootstrap_distributed` (fanout/bootstrap/replica.py) builds it from the SPEC section 8 URLs
+and hands it its adapters (this module imports no engine).
 
 Positions are the event store's notification ids, as in the embedded runtime. The views
 hold position P when every log partition has applied everything up to P: the workers
