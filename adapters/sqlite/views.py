@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from functools import partial
 from itertools import groupby
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from adapters.sqlite.connect import READ_POOL_SIZE, ReadPool, connect
@@ -31,6 +31,8 @@ from projections.ports import ALL_TARGETS as ALL_TARGETS  # the targets a unit o
 from projections.ports import LogPosition, MailboxEntry, MailboxStore
 from projections.rows import STATE_COLUMNS, delivery_dict, head_dict, message_dict
 from projections.state import SessionHead, SessionItem, SessionState, UserConversationState
+
+T = TypeVar("T")
 
 
 def _no_step(_name: str) -> None:
@@ -280,25 +282,7 @@ class SqliteViews:
         def pairs(rows: list[tuple[Any, ...]]) -> list[SessionItem]:
             return [(SessionHead._make(r[:width]), SessionState._make(r[width:])) for r in rows]
 
-        con = self._pool.try_acquire()
-        if con is None:
-            # Every pooled cursor is lent to a login in progress: read this list in one
-            # statement on the thread's own connection (one snapshot, no extra descriptor).
-            cur = self.reader().execute(sql, (tenant, user_id))
-            cur.row_factory = None
-            rows = cur.fetchall()
-            for i in range(0, len(rows), batch):
-                yield pairs(rows[i : i + batch])
-            return
-        cur = con.cursor()
-        cur.row_factory = None
-        try:  # one cursor, one read snapshot across the batches
-            cur.execute(sql, (tenant, user_id))
-            while rows := cur.fetchmany(batch):
-                yield pairs(rows)
-        finally:
-            cur.close()  # ends the read snapshot before the connection goes back
-            self._pool.release(con)
+        yield from self._login_batches(sql, (tenant, user_id), batch, pairs)
 
     def heads(self, tenant: str, conversation_ids: Sequence[str], batch: int) -> Iterator[list[SessionHead]]:
         """The login's heads: one statement over the ids (a JSON array bound once), sorted
@@ -311,22 +295,29 @@ class SqliteViews:
             "ORDER BY h.last_activity_at DESC, h.conversation_id"
         )
         args = (tenant, json.dumps(list(conversation_ids)))
+        yield from self._login_batches(sql, args, batch, lambda rows: list(map(SessionHead._make, rows)))
+
+    def _login_batches(
+        self, sql: str, args: tuple[Any, ...], batch: int, make: Callable[[list[tuple[Any, ...]]], list[T]]
+    ) -> Iterator[list[T]]:
+        """A login read's rows, `batch` at a time (each made into items by `make`), from one
+        cursor (one read snapshot) on a connection borrowed from the pool."""
         con = self._pool.try_acquire()
         if con is None:
             # Every pooled cursor is lent to a login in progress: read this list in one
             # statement on the thread's own connection (one snapshot, no extra descriptor).
             cur = self.reader().execute(sql, args)
             cur.row_factory = None
-            rows = list(map(SessionHead._make, cur.fetchall()))
+            rows = cur.fetchall()
             for i in range(0, len(rows), batch):
-                yield rows[i : i + batch]
+                yield make(rows[i : i + batch])
             return
         cur = con.cursor()
         cur.row_factory = None
         try:  # one cursor, one read snapshot across the batches
             cur.execute(sql, args)
             while rows := cur.fetchmany(batch):
-                yield list(map(SessionHead._make, rows))
+                yield make(rows)
         finally:
             cur.close()  # ends the read snapshot before the connection goes back
             self._pool.release(con)
