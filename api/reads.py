@@ -149,7 +149,7 @@ def delivery(
         pass
     # Accepted, not projected yet: state pending, what the command side knows (its
     # MessageSent, read from the event store), materialized_at null until it is.
-    sent = rt.app.sent_message(tenant, conversation_id, seq)
+    sent = rt.app.history.sent_message(tenant, conversation_id, seq)
     if sent is None:  # the seq exists (checked above), so its event does
         raise NotFound(f"message {seq} of {conversation_id} not found", conversation_seq=seq)
     return rt.queries.pending_delivery(conversation_id, sent)

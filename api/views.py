@@ -316,7 +316,7 @@ async def list_tiers(request: web.Request, who: Claims, data: None) -> web.Respo
 )
 async def tier_history(request: web.Request, who: Claims, data: None) -> web.Response:
     rt = request.app[RUNTIME]
-    return reply({"history": await blocking(request.app, rt.app.tier_history, who.tenant)})
+    return reply({"history": await blocking(request.app, rt.app.history.tier_history, who.tenant)})
 
 
 @endpoint(

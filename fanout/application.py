@@ -30,7 +30,7 @@ MARK_READ appends to the member's own MemberReadState stream, not to the convers
 Why this module is long: every command of the service (conversations, sends, MARK_READ, REBUILD,
 reviews, tiers) runs in one eventsourcing Application: they share its lock, its unit of work,
 its caches and the retry on a lost race. The pieces with a job of their own left:
-fanout/units.py, fanout/activity.py, fanout/wire.py."""
+fanout/units.py, fanout/activity.py, fanout/wire.py, fanout/history.py."""
 
 from __future__ import annotations
 
@@ -49,7 +49,6 @@ from uuid import UUID
 from eventsourcing.application import AggregateNotFoundError, Application, ProcessingEvent
 from eventsourcing.domain import Aggregate
 from eventsourcing.persistence import RecordConflictError, Recording
-from eventsourcing.utils import get_topic
 
 from domain.conversation import Conversation, check_id
 from domain.errors import AlreadyExists, FanoutError, InvalidArgument, NotFound, Unavailable
@@ -62,6 +61,7 @@ from domain.review import Review
 from domain.tier import Tier
 from fanout.activity import PendingActivity
 from fanout.gate import UserCommandGate
+from fanout.history import History
 from fanout.overload import storage_unavailable
 from fanout.units import Group, GroupBroken, Outcome, Staged, Unit, outcome, project
 from fanout.wire import review_dict, tier_dict
@@ -125,10 +125,6 @@ def retried(method: F) -> F:
         )
 
     return run  # type: ignore[return-value]
-
-
-SENT_SCAN_PAGE = 50
-_MESSAGE_SENT_TOPIC = get_topic(Conversation.MessageSent)
 
 
 class FanoutApplication(Application[UUID]):
@@ -202,6 +198,7 @@ class FanoutApplication(Application[UUID]):
         self.legacy_read_marks = legacy_read_marks
         self.activity = PendingActivity(self.lock, activity_flush_interval, self._flush_conversation)
         self.activity_events = 0  # MembersActive events saved
+        self.history = History(self.recorder, self.mapper)  # the event store's answers no view keeps
 
     # -- plumbing ------------------------------------------------------------
 
@@ -789,29 +786,6 @@ class FanoutApplication(Application[UUID]):
             policy = conv.write_policy
         return policy, touched.position
 
-    def sent_message(self, tenant: str, conversation_id: str, seq: int) -> Conversation.MessageSent | None:
-        """The MessageSent event of one conversation_seq, read from the event store newest
-        first. The aggregate keeps no message ids per seq (its snapshot stays small); this
-        serves the delivery record of a message the views have not applied yet, which is
-        a recent one, so the backward scan is short. No command lock: the store is read."""
-        aggregate_id = Conversation.create_id(tenant, conversation_id)
-        lte: int | None = None
-        while True:
-            page = self.recorder.select_events(aggregate_id, lte=lte, desc=True, limit=SENT_SCAN_PAGE)
-            for stored in page:
-                if stored.topic != _MESSAGE_SENT_TOPIC:
-                    continue
-                sent = self.mapper.to_domain_event(stored)
-                if not isinstance(sent, Conversation.MessageSent):
-                    continue
-                if sent.seq == seq:
-                    return sent
-                if sent.seq < seq:
-                    return None
-            if len(page) < SENT_SCAN_PAGE:
-                return None
-            lte = page[-1].originator_version - 1
-
     def conversation(self, tenant: str, conversation_id: str) -> Conversation:
         with self.lock:
             return self._conversation(tenant, conversation_id)
@@ -923,31 +897,6 @@ class FanoutApplication(Application[UUID]):
     def tiers(self, tenant: str) -> list[dict[str, Any]]:
         with self.lock:
             return [tier_dict(tenant, b.value, self._tier(tenant, b.value)) for b in SizeBucket]
-
-    def tier_history(self, tenant: str) -> list[dict[str, Any]]:
-        """Every change of the tenant's tiers, oldest first, read from their event streams (the
-        tier view keeps only the last state): enabled by which review with which parameters,
-        rolled back by whom and why, each conversation entering and leaving mention_only under
-        it. No command lock: the store is read."""
-        out: list[dict[str, Any]] = []
-        for b in SizeBucket:
-            for stored in self.recorder.select_events(Tier.create_id(tenant, b.value)):
-                e = self.mapper.to_domain_event(stored)
-                stamp = getattr(e, "timestamp", None)  # when it was recorded (Entered/Exited carry no `at`)
-                at = stamp.timestamp() if stamp is not None else 0.0
-                item: dict[str, Any] = {"size_bucket": b.value, "event": type(e).__name__, "at": at, "recorded_at": at}
-                if isinstance(e, Tier.Enabled):
-                    item.update(at=e.at, review_id=e.review_id, read_diffusion_min_saving=e.min_saving,
-                                read_diffusion_max_active_ratio=e.max_active_ratio)  # fmt: skip
-                elif isinstance(e, Tier.RolledBack):
-                    item.update(at=e.at, by=e.by, reason=e.reason)
-                elif isinstance(e, Tier.ConversationEntered | Tier.ConversationExited):
-                    item["conversation_id"] = e.conversation_id
-                elif not isinstance(e, Tier.Created):
-                    continue
-                out.append(item)
-        # in the order the events were recorded (a stream's own order within it: the sort is stable)
-        return sorted(out, key=lambda i: i["recorded_at"])
 
     def tier_terms(self, tenant: str, size_bucket: str) -> TierTerms:
         with self.lock:

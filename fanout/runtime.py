@@ -123,7 +123,7 @@ class ViewReads:
         m = self.views.message(tenant, conversation_id, seq)
         if m is not None:
             return str(m["sender"])
-        sent = self.app.sent_message(tenant, conversation_id, seq) if self.app is not None else None
+        sent = self.app.history.sent_message(tenant, conversation_id, seq) if self.app is not None else None
         return sent.sender if sent is not None else None
 
     def conversations_in_scope(self, tenant: str, size_bucket: str) -> list[str]:

@@ -87,7 +87,7 @@ def test_replay_of_the_postgresql_log_equals_the_embedded_one(
     clock = FakeClock(start)
 
     def sender(tenant: str, cid: str, seq: int) -> str | None:  # as the runtimes wire it
-        sent = app.sent_message(tenant, cid, seq)
+        sent = app.history.sent_message(tenant, cid, seq)
         return sent.sender if sent is not None else None
 
     app = FanoutApplication(Parameters(), postgres_event_store(fresh_postgres), clock=clock, message_sender=sender)
