@@ -22,7 +22,8 @@ exact across replicas. What they read (ADR-0023):
   conversation in `always` (see `_evaluate`);
 * the tenant's fan-out bucket is K `TenantQuotaSlot` streams instead of one `TenantQuota`
   stream: a replica charges its own slot, and borrows from the others (read fresh) only
-  when its own cannot pay, so replicas of one tenant do not race on one stream.
+  when its own cannot pay, so replicas of one tenant do not race on one stream
+  (fanout/quota_slots.py).
 
 MARK_READ appends to the member's own MemberReadState stream, not to the conversation's
 (ADR-0018); the activity refreshes it pends are group-committed by `fanout/activity.py`.
@@ -30,7 +31,7 @@ MARK_READ appends to the member's own MemberReadState stream, not to the convers
 Why this module is long: every command of the service (conversations, sends, MARK_READ, REBUILD,
 reviews, tiers) runs in one eventsourcing Application: they share its lock, its unit of work,
 its caches and the retry on a lost race. The pieces with a job of their own left:
-fanout/units.py, fanout/activity.py, fanout/wire.py, fanout/history.py."""
+fanout/units.py, fanout/activity.py, fanout/wire.py, fanout/history.py, fanout/quota_slots.py."""
 
 from __future__ import annotations
 
@@ -40,7 +41,6 @@ import random
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
@@ -55,7 +55,7 @@ from domain.errors import AlreadyExists, FanoutError, InvalidArgument, NotFound,
 from domain.identity import check_tenant
 from domain.params import Parameters, SizeBucket, WritePolicy
 from domain.policy import DISABLED, TierTerms
-from domain.quota import QUOTA_SLOTS, Quota, SlottedQuota, TenantQuota, TenantQuotaSlot
+from domain.quota import QUOTA_SLOTS, SlottedQuota, TenantQuota, TenantQuotaSlot
 from domain.reads import MemberReadState
 from domain.review import Review
 from domain.tier import Tier
@@ -63,6 +63,7 @@ from fanout.activity import PendingActivity
 from fanout.gate import UserCommandGate
 from fanout.history import History
 from fanout.overload import storage_unavailable
+from fanout.quota_slots import QuotaSlots
 from fanout.units import Group, GroupBroken, Outcome, Staged, Unit, outcome, project
 from fanout.wire import review_dict, tier_dict
 
@@ -166,10 +167,8 @@ class FanoutApplication(Application[UUID]):
         self.conflicts = 0  # saves that lost a race and were retried
         # The tenant bucket (ADR-0023): one TenantQuota stream per tenant for one writer (0);
         # K TenantQuotaSlot streams for replicas of a shared store, this one charging its own.
-        self.quota_slots = (QUOTA_SLOTS if shared_store else 0) if quota_slots is None else quota_slots
-        self.replica_id = replica_id or uuid.uuid4().hex
-        self.quota_slot = self.slot_of(self.replica_id, self.quota_slots)
-        self.slot_moves = 0  # times this replica moved to another slot after losing a race on its own
+        slots = (QUOTA_SLOTS if shared_store else 0) if quota_slots is None else quota_slots
+        self.quotas = QuotaSlots(self._find, slots, replica_id or uuid.uuid4().hex)
         self.params = params
         self.clock = clock
         self.message_sender = message_sender or (lambda tenant, cid, seq: None)
@@ -328,8 +327,8 @@ class FanoutApplication(Application[UUID]):
                         touched.position = max(r.notification.id for r in recordings)
                 self._saved(touched)
             except BaseException as exc:
-                if isinstance(exc, RecordConflictError) and any(isinstance(a, TenantQuotaSlot) for a in touched):
-                    self._move_slot()
+                if isinstance(exc, RecordConflictError):
+                    self.quotas.lost_race(touched)
                 dropped = [a for a in [*touched, *self._loaded] if a in touched or getattr(a, "_pending_events", None)]
                 group = self._grouping()
                 if group is not None and any(a.id in group.processing.aggregates for a in dropped):
@@ -429,25 +428,11 @@ class FanoutApplication(Application[UUID]):
 
     def _abandon(self, group: Group, exc: BaseException) -> None:
         """The group's transaction failed: drop every aggregate it touched from the cache."""
-        aggregates = list(group.processing.aggregates.values())
-        if isinstance(exc, RecordConflictError) and any(isinstance(a, TenantQuotaSlot) for a in aggregates):
-            self._move_slot()
+        if isinstance(exc, RecordConflictError):
+            self.quotas.lost_race(group.processing.aggregates.values())
         for aggregate_id in {*group.processing.aggregates, *group.evicted}:
             self._evict(aggregate_id)
         log.debug("a group of %d commands was not written (%s); running them alone", len(group.units), exc)
-
-    @staticmethod
-    def slot_of(replica_id: str, slots: int) -> int:
-        """The quota slot a replica starts charging: CRC-32 of its id modulo the slots."""
-        return zlib.crc32(replica_id.encode()) % slots if slots else 0
-
-    def _move_slot(self) -> None:
-        """Lost a race on a save with quota slots: another replica may charge the same slot
-        (two replica ids hashed alike). Move to another slot at random, so replicas of one
-        tenant spread over the slots instead of racing on one."""
-        if self.quota_slots > 1:
-            self.quota_slot = (self.quota_slot + random.randrange(1, self.quota_slots)) % self.quota_slots  # noqa: S311
-            self.slot_moves += 1
 
     def _notify(self, recordings: list[Recording[UUID]]) -> None:
         """eventsourcing's hook after a save: report positions and each send's fan-out
@@ -540,31 +525,6 @@ class FanoutApplication(Application[UUID]):
         else:
             self._no_tier.pop(key, None)
         return tier
-
-    def _quota(self, tenant: str) -> Quota:
-        if not self.quota_slots:
-            q = self._find(TenantQuota, TenantQuota.create_id(tenant), tenant, "tenant quota", saves=True)
-            return q if q is not None else TenantQuota(tenant=tenant)
-        own = self._quota_slot(tenant, self.quota_slot, cached=True)
-        # The other slots are read only when this one cannot pay, and then fast-forwarded:
-        # other replicas charge them (and borrow from them), so a cached copy is likely stale
-        # then, and a save on it would lose the race.
-        return SlottedQuota(
-            own, lambda: [self._quota_slot(tenant, k) for k in range(self.quota_slots) if k != self.quota_slot]
-        )
-
-    def _quota_slot(self, tenant: str, k: int, *, cached: bool = False) -> TenantQuotaSlot:
-        slot = self._find(
-            TenantQuotaSlot, TenantQuotaSlot.create_id(tenant, k), tenant, "tenant quota", saves=cached, monotone=True
-        )
-        if slot is not None:
-            if slot.slot != k or slot.slots != self.quota_slots:
-                raise NotFound("tenant quota not found")  # unreachable: the id is derived from them
-            return slot
-        legacy = self._find(TenantQuota, TenantQuota.create_id(tenant), tenant, "tenant quota")
-        return TenantQuotaSlot(
-            tenant=tenant, slot=k, slots=self.quota_slots, bucket=TenantQuotaSlot.seed(legacy, self.quota_slots)
-        )
 
     def _evaluate(self, conv: Conversation, now: float, touched: list[Aggregate]) -> None:
         """Run the write-policy state machine and keep the tier's roster in step."""
@@ -672,7 +632,7 @@ class FanoutApplication(Application[UUID]):
             self._apply_activity(conv, touched)
             now = self.clock()
             self._evaluate(conv, now, touched)
-            quota = self._quota(tenant)
+            quota = self.quotas.quota(tenant)
             message_id = f"m_{uuid.uuid4().hex}"
             seq = conv.send(
                 sender=sender,

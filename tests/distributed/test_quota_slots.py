@@ -20,6 +20,7 @@ from domain.params import Parameters, Rate
 from domain.quota import QUOTA_SLOTS, TenantQuotaSlot
 from fanout.application import FanoutApplication
 from fanout.bootstrap import postgres_event_store
+from fanout.quota_slots import slot_of
 
 T = "acme"
 MEMBERS = 10  # entries per send (write policy always)
@@ -166,20 +167,18 @@ def test_two_replicas_of_one_tenant_never_refuse_a_send_for_contention(env: dict
     while len(ids) < 2:
         rid = f"replica-{n}"
         n += 1
-        if not ids or FanoutApplication.slot_of(rid, QUOTA_SLOTS) == FanoutApplication.slot_of(
-            next(iter(ids)), QUOTA_SLOTS
-        ):
+        if not ids or slot_of(rid, QUOTA_SLOTS) == slot_of(next(iter(ids)), QUOTA_SLOTS):
             ids[rid] = None
     apps = [FanoutApplication(params, dict(env), shared_store=True, replica_id=rid) for rid in ids]
-    assert apps[0].quota_slot == apps[1].quota_slot
+    assert apps[0].quotas.slot == apps[1].quotas.slot
     try:
         counts = send_for(apps, 3.0)
         conflicts = [a.conflicts for a in apps]
-        moves = [a.slot_moves for a in apps]
+        moves = [a.quotas.moves for a in apps]
         print(f"two replicas of one tenant: {counts}; conflicts retried {conflicts}, slot moves {moves}")
         assert counts["contention"] == 0 and counts["quota"] == 0 and counts["other"] == 0
         assert counts["accepted"] > 50
-        assert apps[0].quota_slot != apps[1].quota_slot  # they spread over the slots
+        assert apps[0].quotas.slot != apps[1].quotas.slot  # they spread over the slots
         assert sum(conflicts) <= 10, conflicts  # a few races, then none
     finally:
         for app in apps:
