@@ -4,7 +4,10 @@ and the mailbox in dicts behind one lock. The second backend of every contract s
 
 A unit of work buffers its writes and applies them, with the tracking positions, at
 commit: all or nothing, like the SQLite views. Readers take the lock for each read;
-the runner thread and reader threads can share one store."""
+the runner thread and reader threads can share one store.
+
+Why this module is long: it is every port of the read side (the mailbox, the views, their
+writer) in memory, the second backend of each contract suite, a class each."""
 
 from __future__ import annotations
 
@@ -32,10 +35,12 @@ class MemoryMailbox:
         self._lock = threading.Lock()
         self._entries: dict[tuple[str, str], dict[int, tuple[int, str, int]]] = {}
         self._sorted: dict[tuple[str, str], list[int]] = {}
+        self._written: int | None = None
 
     def write(self, tenant: str, refs: MessageRefs) -> int:
         n = 0
         with self._lock:
+            self._written = refs.pos if self._written is None else max(self._written, refs.pos)
             for shard in sorted(refs.shards):
                 for u in refs.shards[shard]:
                     box = self._entries.setdefault((tenant, u), {})
@@ -70,6 +75,9 @@ class MemoryMailbox:
                 for pos in self._sorted[(tenant, user)]
             ]
         yield from rows
+
+    def written(self) -> int | None:
+        return self._written
 
     def sort_key(self, tenant: str, user_id: str, pos: int) -> tuple[str, str, int]:
         return (tenant, user_id, pos)

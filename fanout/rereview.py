@@ -72,6 +72,9 @@ class MailboxMeter(MailboxStore):
     def count(self) -> int:
         return self.inner.count()
 
+    def written(self) -> int | None:
+        return self.inner.written()
+
     def all_entries(self) -> Iterator[tuple[str, str, int, int, str, int]]:
         return self.inner.all_entries()
 

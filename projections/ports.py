@@ -74,6 +74,12 @@ class MailboxStore(Protocol):
 
     def count(self) -> int: ...
 
+    def written(self) -> int | None:
+        """The highest message position a write held, recorded atomically with each write's
+        entries (None: nothing written, or a store that does not record it). A store that
+        keeps a prefix of its writes after a power loss says how far that prefix reaches:
+        the embedded runtime compares it with its views at start (ADR-0056)."""
+
     def all_entries(self) -> Iterator[tuple[str, str, int, int, str, int]]:
         """(tenant, user_id, pos, conversation_seq, conversation_id, flags) in key order."""
 

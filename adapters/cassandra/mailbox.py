@@ -382,6 +382,9 @@ class CassandraMailbox:
         rows = self.session.execute(f"SELECT tenant, user_id, pos, ref FROM {self.keyspace}.mailbox", timeout=300)
         yield from sorted((r["tenant"], r["user_id"], r["pos"], *unref(r["ref"])) for r in rows)
 
+    def written(self) -> int | None:
+        return None  # the views record the unit that wrote them; a lost write heals from the log (ADR-0021)
+
     def sort_key(self, tenant: str, user_id: str, pos: int) -> tuple[str, str, int]:
         return (tenant, user_id, pos)
 

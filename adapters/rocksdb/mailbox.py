@@ -34,6 +34,10 @@ _VAL = struct.Struct(">QB")
 
 
 _META_SHARDS = b"\xff\xff/meta/mailbox_shards"
+# The highest message position any write batch held, put in each batch with its entries:
+# after a power loss RocksDB recovers a prefix of its batches, and this key says how far
+# that prefix reaches (written(); docs/adr/0056-embedded-power-loss.md).
+_META_WRITTEN = b"\xff\xff/meta/written"
 
 # Each write batch goes to the WAL without an fsync: a process crash (kill -9) loses nothing
 # written, a power loss or kernel crash may lose the last writes the OS had not yet flushed.
@@ -67,6 +71,11 @@ def _open(path: Path) -> Any:
     return Rdict(str(path), opt)
 
 
+def _written(db: Any) -> int | None:
+    stored = db.get(_META_WRITTEN)
+    return None if stored is None else int(_POS.unpack(stored)[0])
+
+
 class RocksMailbox:
     def __init__(self, path: Path | str, shards: int = 16) -> None:
         from rocksdict import WriteOptions
@@ -83,6 +92,7 @@ class RocksMailbox:
                 f"FANOUT_MAILBOX_SHARDS={shards}, but the mailbox at {self.path} was written with {int(stored)} "
                 f"shards: set it back to {int(stored)} or run `fanout rebuild mailbox`"
             )
+        self._written = _written(self.db)
         self._wo = WriteOptions()
         self._wo.sync = SYNC_WRITES
         self._prefixes: dict[str, dict[str, bytes]] = {}  # tenant -> user -> key prefix
@@ -114,7 +124,10 @@ class RocksMailbox:
             n += len(keys)
         for u, flags in refs.special.items():  # later puts of a key win within a batch
             wb.put(self._prefix(tenant, u) + posb, _VAL.pack(refs.seq, flags) + cid)
+        written = refs.pos if self._written is None else max(self._written, refs.pos)
+        wb.put(_META_WRITTEN, _POS.pack(written))
         self.db.write(wb, self._wo)
+        self._written = written
         return n
 
     def _shard_prefixes(self, tenant: str, refs: MessageRefs, shard: int) -> list[bytes]:
@@ -174,6 +187,9 @@ class RocksMailbox:
             it.next()
         del it
 
+    def written(self) -> int | None:
+        return self._written
+
     def sort_key(self, tenant: str, user_id: str, pos: int) -> bytes:
         return self._prefix(tenant, user_id) + _POS.pack(pos)
 
@@ -191,6 +207,7 @@ class RocksMailbox:
                 self.db.close()
             self.db = None
             self.db = _open(self.path)
+            self._written = _written(self.db)
 
     def close(self) -> None:
         with self._lock:

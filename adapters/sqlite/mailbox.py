@@ -23,6 +23,7 @@ class SqliteMailbox:
         tenant TEXT NOT NULL, user_id TEXT NOT NULL, pos INTEGER NOT NULL,
         conversation_seq INTEGER NOT NULL, conversation_id TEXT NOT NULL, flags INTEGER NOT NULL,
         PRIMARY KEY (tenant, user_id, pos)) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS written (id INTEGER PRIMARY KEY CHECK (id = 0), pos INTEGER NOT NULL);
     """
 
     def __init__(self, path: Path | str) -> None:
@@ -48,6 +49,9 @@ class SqliteMailbox:
                 rows = [(tenant, u, pos, seq, cid, special.get(u, refs.flags)) for u in refs.shards[shard]]
                 con.executemany("INSERT OR IGNORE INTO mailbox VALUES (?, ?, ?, ?, ?, ?)", rows)
                 n += len(rows)
+            con.execute(
+                "INSERT INTO written VALUES (0, ?) ON CONFLICT(id) DO UPDATE SET pos=max(pos, excluded.pos)", (pos,)
+            )
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")
@@ -72,6 +76,10 @@ class SqliteMailbox:
             "ORDER BY tenant, user_id, pos"
         ):
             yield tuple(r)
+
+    def written(self) -> int | None:
+        row = self._reader().execute("SELECT pos FROM written").fetchone()
+        return None if row is None else int(row[0])
 
     def sort_key(self, tenant: str, user_id: str, pos: int) -> tuple[str, str, int]:
         return (tenant, user_id, pos)

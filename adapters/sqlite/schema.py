@@ -42,6 +42,8 @@ CREATE TABLE IF NOT EXISTS tiers (tier_id TEXT PRIMARY KEY, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS capacity (projection TEXT PRIMARY KEY, body TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS log_positions (
     partition INTEGER PRIMARY KEY, position INTEGER NOT NULL, next_offset INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS mailbox_written (
+    partition INTEGER PRIMARY KEY, position INTEGER NOT NULL);
 """
 
 # PRAGMA user_version of the views. 2: the states columns take the ADR's names

@@ -87,21 +87,7 @@ class SqliteViews:
                 if w.mailbox:
                     self.mailbox.flush()
                 step("tracking")
-                if w.deliveries:
-                    at = now if now is not None else time.time()
-                    con.executemany(
-                        "UPDATE delivery SET materialized_at=? WHERE tenant=? AND conversation_id=? AND conversation_seq=?",
-                        [(at, *d) for d in w.deliveries],
-                    )
-                con.executemany(
-                    "INSERT INTO tracking VALUES (?, ?, ?) "
-                    "ON CONFLICT(projection, partition) DO UPDATE SET position=excluded.position",
-                    [(name, partition, pos) for (name, partition), pos in w.positions.items()],
-                )
-                con.executemany(
-                    "INSERT OR REPLACE INTO log_positions VALUES (?, ?, ?)",
-                    [(partition, *lp) for partition, lp in w.log_positions.items()],
-                )
+                w.finish(now if now is not None else time.time())
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")
@@ -161,6 +147,12 @@ class SqliteViews:
             .fetchone()
         )
         return LogPosition(int(row[0]), int(row[1])) if row else None
+
+    def mailbox_written(self) -> int | None:
+        """The last message whose mailbox entries these views' commits wrote (None: none
+        recorded): the mailbox's written() is at least this unless it lost writes (ADR-0056)."""
+        row = self.reader().execute("SELECT position FROM mailbox_written WHERE partition=0").fetchone()
+        return None if row is None else int(row[0])
 
     def log_position_later(self, partition: int) -> Callable[[], LogPosition | None]:
         return partial(self.log_position, partition)  # one file: read when asked

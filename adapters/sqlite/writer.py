@@ -51,6 +51,27 @@ class SqliteWriter:
     def track_log(self, partition: int, position: int, next_offset: int) -> None:
         self.log_positions[partition] = LogPosition(position, next_offset)
 
+    def finish(self, now: float) -> None:
+        """The unit's last rows, once the mailbox store holds its entries: the delivery
+        records' materialized_at, the last message whose entries it wrote (what the mailbox
+        must hold with these views, checked at start: ADR-0056), the tracking positions."""
+        if self.deliveries:
+            self.con.executemany(
+                "UPDATE delivery SET materialized_at=? WHERE tenant=? AND conversation_id=? AND conversation_seq=?",
+                [(now, *d) for d in self.deliveries],
+            )
+        if self.mailbox:
+            self.con.execute("INSERT OR REPLACE INTO mailbox_written VALUES (0, ?)", (self.mailbox[-1][1].pos,))
+        self.con.executemany(
+            "INSERT INTO tracking VALUES (?, ?, ?) "
+            "ON CONFLICT(projection, partition) DO UPDATE SET position=excluded.position",
+            [(name, partition, pos) for (name, partition), pos in self.positions.items()],
+        )
+        self.con.executemany(
+            "INSERT OR REPLACE INTO log_positions VALUES (?, ?, ?)",
+            [(partition, *lp) for partition, lp in self.log_positions.items()],
+        )
+
     def heads_written(self) -> Iterable[tuple[str, str]]:
         return self.head_keys
 

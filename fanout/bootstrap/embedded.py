@@ -122,7 +122,7 @@ class NoMailbox:
     def _refuse(self, *_: Any) -> Any:
         raise RuntimeError("these views were opened without their mailbox store")
 
-    write = read = count = all_entries = sort_key = flush = reopen = _refuse
+    write = read = count = written = all_entries = sort_key = flush = reopen = _refuse
 
     def close(self) -> None:
         pass
