@@ -18,6 +18,7 @@ from typing import Any
 
 from domain.errors import FanoutError
 from fanout.bootstrap import DataDirBusy, ShardCountMismatch, StoreLayoutError
+from fanout.bootstrap.power_loss import AheadOfTheLog
 from fanout.config import ConfigError, EngineUnavailable, Settings, load_settings, parse_duration
 from fanout.overload import startup_error
 
@@ -451,7 +452,15 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings(config_file=args.config)
         data_dir = Path(args.data_dir) if args.data_dir else settings.data_dir
         return int(args.func(args, settings, data_dir))
-    except (ConfigError, DataDirBusy, CliError, ShardCountMismatch, StoreLayoutError, EngineUnavailable) as exc:
+    except (
+        ConfigError,
+        DataDirBusy,
+        CliError,
+        ShardCountMismatch,
+        StoreLayoutError,
+        EngineUnavailable,
+        AheadOfTheLog,
+    ) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     except FanoutError as exc:  # e.g. a claim the token refuses

@@ -42,10 +42,12 @@ class EmbeddedRunner:
         max_entries_per_commit: int = 200_000,
         linger: float = 0.005,
         until: int | None = None,
+        before_start: Callable[[], None] | None = None,
     ) -> None:
         """`linger`: seconds the projector waits, once woken from idle, for more of the log
         before it reads (a group commit of the projection; 0: at once). `until`: the log
-        ends there (a rebuild)."""
+        ends there (a rebuild). `before_start`: run by start() before the thread (the
+        composition root's check of the data dir after a power loss, which may raise)."""
         self.app = app
         self.views = views
         self.params = params
@@ -53,6 +55,7 @@ class EmbeddedRunner:
         self.on_effects = on_effects
         self.batch = batch
         self.linger = linger
+        self.before_start = before_start
         self.log = NotificationLog(app, topics_of(*topics(build_projections(views, params))), until=until)
         self.host = ProjectionHost(
             views,
@@ -93,6 +96,8 @@ class EmbeddedRunner:
         self._wake.set()
 
     def start(self) -> None:
+        if self.before_start is not None:
+            self.before_start()
         self._thread = threading.Thread(target=self._loop, name="fanout-projector", daemon=True)
         self._thread.start()
 

@@ -20,6 +20,7 @@ from adapters.rocksdb.mailbox import RocksMailbox, ShardCountMismatch
 from adapters.sqlite.views import SqliteViews
 from domain.params import Parameters
 from fanout.application import FanoutApplication
+from fanout.bootstrap.power_loss import check_data_dir
 from fanout.config import ConfigError, Settings
 from fanout.effects import Effects, open_review, push_online
 from fanout.embedded import EmbeddedRuntime
@@ -45,8 +46,10 @@ class DataDirBusy(RuntimeError):
 def _embedded_runner(
     views: ViewStore, params: Parameters, app: FanoutApplication, on_effects: Callable[[Sequence[Effect]], None]
 ) -> EmbeddedRunner:
-    """The embedded runtime's projector: the notification log into the one projection host."""
-    return EmbeddedRunner(app, views, params, on_effects=on_effects)
+    """The embedded runtime's projector: the notification log into the one projection host;
+    before it starts, what a power loss may have left in SQLite views is checked (ADR-0056)."""
+    check = partial(check_data_dir, app, views, params) if isinstance(views, SqliteViews) else None
+    return EmbeddedRunner(app, views, params, on_effects=on_effects, before_start=check)
 
 
 def _embedded_effects(rt: EmbeddedRuntime) -> Effects:
