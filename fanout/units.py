@@ -1,7 +1,7 @@
 """The unit of work of one command and the group of them written in one transaction.
 
-A command of `FanoutApplication` collects the aggregates it changes in a `Unit` and saves
-them atomically. `FanoutApplication.grouped` runs queued commands on one thread as a
+A command (fanout/command_unit.py `CommandUnit._unit`) collects the aggregates it changes in a
+`Unit` and saves them atomically. `CommandUnit.grouped` runs queued commands on one thread as a
 `Group`: each decided on its own, their events staged and written in ONE event-store
 transaction (ADR-0030); `outcome` is how each command's result or refusal is handed back."""
 
@@ -24,7 +24,7 @@ class Staged(ProcessingEvent[UUID]):
 
     `tainted`: a refused command changed aggregates staged here after they were collected,
     so their objects may hold what was never recorded; snapshots are then read back from the
-    store (`FanoutApplication._take_snapshots`)."""
+    store (`CommandUnit._take_snapshots`)."""
 
     tainted = False
 
@@ -69,7 +69,7 @@ class Unit(list[Aggregate]):
 
 
 class Group:
-    """Commands run together by `FanoutApplication.grouped` on one thread: each decided on its
+    """Commands run together by `CommandUnit.grouped` on one thread: each decided on its
     own, their events staged in one ProcessingEvent and written in ONE event-store transaction
     (ADR-0030)."""
 

@@ -1,4 +1,4 @@
-"""Aggregate snapshots taken from the aggregate just saved (`FanoutApplication._take_snapshots`):
+"""Aggregate snapshots taken from the aggregate just saved (`CommandUnit._take_snapshots`):
 every snapshot in the store must be the state the aggregate's recorded events give at its
 version, whatever the commands and however they were grouped (refused commands that changed
 staged aggregates included: their group's snapshots are read back from the store).
