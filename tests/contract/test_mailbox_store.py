@@ -43,6 +43,8 @@ def refs(
 class MailboxContract:
     """Subclass per backend and implement `make`."""
 
+    records_written = True  # written() says how far the writes reach (Cassandra: None, ADR-0021 heals)
+
     def make(self, path: Path) -> MailboxStore:
         raise NotImplementedError
 
@@ -51,6 +53,14 @@ class MailboxContract:
         s = self.make(tmp_path / "mailbox")
         yield s
         s.close()
+
+    def test_written_is_the_highest_message_position_written(self, store: MailboxStore) -> None:
+        """The mark the embedded runtime's start compares with its views (ADR-0056); a store
+        that does not record it says None."""
+        assert store.written() is None
+        store.write("t", refs("c", 7, 2, ["a"]))
+        store.write("t", refs("c", 4, 1, ["b"]))  # an earlier message written again (a replay)
+        assert store.written() == (7 if self.records_written else None)
 
     def test_an_entry_is_read_back_by_user_in_pos_order(self, store: MailboxStore) -> None:
         store.write("t", refs("c1", 5, 1, ["alice", "bob"]))
@@ -155,6 +165,7 @@ class TestRocksMailbox(MailboxContract):
         s.close()
         s = RocksMailbox(tmp_path / "m", SHARDS)
         assert s.read("t", "a", 0, 5, 5) == [("a", 1, 1, "c", 0)]
+        assert s.written() == 1
         s.close()
 
 
@@ -177,6 +188,8 @@ def mailbox_keyspace(engines: dict[str, str]) -> Iterator[CassandraKeyspace]:
 
 class TestCassandraMailbox(MailboxContract):
     """On the running Cassandra: one keyspace for the class, emptied for each store."""
+
+    records_written = False
 
     @pytest.fixture(autouse=True)
     def _keyspace(self, mailbox_keyspace: CassandraKeyspace) -> None:
