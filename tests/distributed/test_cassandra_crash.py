@@ -9,7 +9,7 @@ views stayed wrong (found by fault injection: 3 of 384 acknowledged messages mis
 reloads, and reads the log again from the offset kept with the tracking.
 
 A burst of sends to a 200-member group at ~8 messages/s; Cassandra is killed with SIGKILL
-five times during it and started again. Then every acknowledged message is in the
+twice during it (KILLS) and started again. Then every acknowledged message is in the
 conversation's history and in every member's mailbox exactly once, unread counts are exact,
 and `fanout verify` finds no difference. Cassandra is started again with the project's
 default (durable) commit log at the end."""
@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.engine_restart]
 T = "acme"
 CID = "crashy"
 MEMBERS = [f"m{i:03d}" for i in range(200)]
-KILLS = 5
+KILLS = 2  # each a kill -9 mid-burst; the heal itself is made certain by the test after
 RATE = 8.0  # sends per second
 MAX_SENDS = 900  # one mailbox page (1,000) holds them all
 ENGINES_DIR = Path(os.environ.get("FANOUT_ENGINES_DIR", "/tmp/fanout-engines"))

@@ -280,7 +280,7 @@ OLD_MAILBOX_LAYOUTS = {
 def test_a_keyspace_with_the_old_mailbox_layout_is_refused_with_what_to_do(
     fresh_postgres: str,
     fresh_kafka: str,
-    fresh_cassandra: str,
+    new_cassandra: str,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     adr: str,
@@ -291,7 +291,7 @@ def test_a_keyspace_with_the_old_mailbox_layout_is_refused_with_what_to_do(
     the ADR and what to do, and change nothing in it."""
     from cassandra.cluster import Cluster as DriverCluster
 
-    c = cassandra_settings(fresh_cassandra)
+    c = cassandra_settings(new_cassandra)
     driver = DriverCluster(list(c.hosts), port=c.port, protocol_version=5)
     try:
         session = driver.connect()
@@ -302,7 +302,7 @@ def test_a_keyspace_with_the_old_mailbox_layout_is_refused_with_what_to_do(
             session.execute(statement.format(ks=c.keyspace))
         use_engines(
             monkeypatch,
-            {"FANOUT_EVENT_STORE": fresh_postgres, "FANOUT_LOG": fresh_kafka, "FANOUT_VIEWS": fresh_cassandra},
+            {"FANOUT_EVENT_STORE": fresh_postgres, "FANOUT_LOG": fresh_kafka, "FANOUT_VIEWS": new_cassandra},
         )
         code, out, err = run(capsys, "verify")
         assert code == 2, out + err
