@@ -25,7 +25,12 @@ exact across replicas. What they read (ADR-0023):
 
 Two library methods are overridden for the command thread's CPU (ADR-0036): `save` collects
 events without the library's Protocol checks (`fanout/units.py` `Staged`), and
-`_take_snapshots` snapshots the aggregate just saved instead of replaying it from the store."""
+`_take_snapshots` snapshots the aggregate just saved instead of replaying it from the store;
+`_record` is wrapped in the crash tests' named steps.
+
+Why this module is long: it is one class, a command's unit from load to save; its parts
+(the cache rules, the unit, the group commit, the library overrides) share one lock, one
+cache and the group in progress, and apart each would reach into the others' state."""
 
 from __future__ import annotations
 
@@ -47,6 +52,7 @@ from domain.errors import FanoutError, NotFound, Unavailable
 from domain.identity import check_tenant
 from fanout.overload import storage_unavailable
 from fanout.units import Group, GroupBroken, Outcome, Staged, Unit, outcome, project
+from projections import failpoints
 
 A = TypeVar("A", bound=Aggregate)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -155,6 +161,17 @@ class CommandUnit(Application[UUID]):
         self._take_snapshots(processing_event)
         self._notify(recordings)
         self.notify(processing_event.events)  # the library's deprecated hook, called as it does
+        return recordings
+
+    def _record(self, processing_event: ProcessingEvent[UUID]) -> list[Recording[UUID]]:
+        """The library's write of a save or a group's transaction, between two named steps
+        where the crash tests kill a sender (projections/failpoints.py, labelled with the
+        events' kinds): `command.recording` before it, `command.recorded` after it, before
+        any caller hears of it."""
+        events = processing_event.events
+        failpoints.hit("command.recording", (type(e).__name__ for e in events))
+        recordings = super()._record(processing_event)
+        failpoints.hit("command.recorded", (type(e).__name__ for e in events))
         return recordings
 
     def _take_snapshots(self, processing_event: ProcessingEvent[UUID]) -> None:

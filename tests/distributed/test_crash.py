@@ -1,15 +1,22 @@
 """Crash tests of the distributed runtime on the real engines: during the fan-out of
-messages to a 100k-member group, kill -9 an API replica (a sender subprocess), the relay
+messages to a large group (20,000 members, FANOUT_CRASH_MEMBERS), kill -9 an API replica (a sender subprocess), the relay
 or a worker, or restart the Kafka broker or Cassandra; then every member's mailbox holds
 each message exactly once, every count is exact, and the Cassandra views equal what the
 embedded projection code builds from the same PostgreSQL log (in memory), and `fanout verify`
 (tools.rebuild.verify) finds no difference.
 
-Each scenario is one deployment (its own database, topic and keyspace; one 100k-member
-group created once) and RUNS runs of a few messages each, every run with its own kill point
-drawn from a seeded random generator. The seed is printed (run pytest with -s to see the
-kill points); set FANOUT_CRASH_SEED to replay one. FANOUT_CRASH_RUNS, FANOUT_CRASH_MEMBERS
-and FANOUT_CRASH_MESSAGES (per run) change the size.
+Each scenario is one deployment (its own database, topic and keyspace; the group created
+once) and one run, its fault at a NAMED STEP (projections/failpoints.py), not
+at a random moment: the sender killed just before or just after its event-store transaction
+(`command.recording` / `command.recorded`), the relay between producing a transaction and
+committing it (`relay.produced`), a worker in the middle of the mailbox round of a message's
+commit (`commit.mailbox.part`: about 3/4 of its batches sent; killed there, or stopped there while Kafka or Cassandra
+restarts). Each scenario asserts where its fault landed: the failpoint fired (the file it
+leaves in FANOUT_FAILPOINTS_FIRED), and the mailbox entries written at that moment were
+strictly between none and all of the run's (a sample of members read). FANOUT_CRASH_MEMBERS
+and FANOUT_CRASH_MESSAGES change the size; FANOUT_CRASH_STEP moves the worker's fault to
+another step of the commit (`mailbox`, `rows`, `heads`, `tracking`: the tests then say the
+fault landed outside the fan-out, which shows they can tell).
 
 Restarting Kafka or Cassandra affects every test sharing the engines: the tests doing it
 always run the up script in a `finally`, which waits until the engine answers again."""
@@ -25,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,20 +52,22 @@ from projections.capacity import merged, state_name
 from projections.hosting import build_projections
 from streams.positions import relayed_position
 from tests.distributed.cluster import ROOT, Cluster, cluster_for
+from tests.engines import with_query
 from tools.rebuild import verify as verify_views
 
 pytestmark = pytest.mark.slow
 
 T = "acme"
 CID = "big"
-MEMBERS = int(os.environ.get("FANOUT_CRASH_MEMBERS", "100000"))
-RUNS = int(os.environ.get("FANOUT_CRASH_RUNS", "2"))
+MEMBERS = int(os.environ.get("FANOUT_CRASH_MEMBERS", "20000"))
+IN_FLIGHT = 16  # a round's requests in the air (the URL's in_flight; 200 by default)
+RUNS = int(os.environ.get("FANOUT_CRASH_RUNS", "1"))  # the cluster scenarios' runs (tests/cluster)
 PER_RUN = int(os.environ.get("FANOUT_CRASH_MESSAGES", "2"))  # messages per run
+STEP = os.environ.get("FANOUT_CRASH_STEP", "mailbox.part")  # the worker's commit step of scenarios c, d, e
 SEED = int(os.environ.get("FANOUT_CRASH_SEED") or random.SystemRandom().randrange(1_000_000))
 USERS = [f"u{i:06d}" for i in range(MEMBERS)]
 SENDERS = USERS[1:4]
 MENTIONED = USERS[-1]
-FANOUT_SECONDS = 3.0  # about one 100k-member message written into Cassandra here
 ENGINES_SCRIPTS = ROOT / "infra" / "engines"
 ENGINES_DIR = Path(os.environ.get("FANOUT_ENGINES_DIR", "/tmp/fanout-engines"))
 SETTINGS = {
@@ -84,6 +93,28 @@ class Deployment:
     acked: set[str] = field(default_factory=set)  # message ids acknowledged to a sender
     sent: int = 0  # messages sent so far (names and senders)
     notes: list[str] = field(default_factory=list)  # one line per run, printed at the end
+    fired: Path | None = None  # FANOUT_FAILPOINTS_FIRED: a file per failpoint that fired
+    failpoints: dict[str, str] = field(default_factory=dict)  # process kind -> FANOUT_FAILPOINTS
+
+    def env_of(self, name: str) -> dict[str, str] | None:
+        """FANOUT_FAILPOINTS for process `name` (relay, worker, worker-2: by its kind)."""
+        spec = self.failpoints.get(name.split("-")[0])
+        if spec is None:
+            return None
+        return {"FANOUT_FAILPOINTS": spec, "FANOUT_FAILPOINTS_FIRED": str(self.fired)}
+
+    def fired_in(self, point: str, timeout: float = 60.0) -> int:
+        """The pid of the process that hit `point` (the failpoint's file names it), once one has."""
+        assert self.fired is not None
+        path = self.fired / point
+        deadline = time.monotonic() + timeout
+        while not (path.exists() and path.read_text()):
+            assert time.monotonic() < deadline, f"failpoint {point} never fired in {timeout} s: {logs(self)}"
+            time.sleep(0.02)
+        return int(path.read_text())
+
+    def name_of(self, pid: int) -> str:
+        return next(n for n, p in self.cluster.procs.items() if p.pid == pid)
 
     def send(self, tag: str, count: int = 1) -> list[dict[str, Any]]:
         out = []
@@ -107,22 +138,38 @@ class Deployment:
 
 
 @pytest.fixture
-def deployment(fresh_postgres: str, fresh_kafka: str, fresh_cassandra: str, tmp_path: Path) -> Iterator[Deployment]:
+def deployment(
+    request: pytest.FixtureRequest, fresh_postgres: str, fresh_kafka: str, fresh_cassandra: str, tmp_path: Path
+) -> Iterator[Deployment]:
+    """The deployment; a test marked `failpoints(relay=..., worker=...)` has those processes
+    started with FANOUT_FAILPOINTS (the workers all alike: the first to reach the point fires)."""
     started = time.monotonic()
     c = cluster_for(
-        {"FANOUT_EVENT_STORE": fresh_postgres, "FANOUT_LOG": fresh_kafka, "FANOUT_VIEWS": fresh_cassandra},
+        {
+            "FANOUT_EVENT_STORE": fresh_postgres,
+            "FANOUT_LOG": fresh_kafka,
+            # IN_FLIGHT requests of a round in the air: a worker stopped or killed amid round A has
+            # sent most of its batches and had all but IN_FLIGHT of them land (mid_fanout)
+            "FANOUT_VIEWS": fresh_cassandra
+            if "in_flight=" in fresh_cassandra  # the cluster's URL says its own (tests/cluster)
+            else with_query(fresh_cassandra, in_flight=IN_FLIGHT),
+        },
         tmp_path / "logs",
         **SETTINGS,
     )
+    marker = request.node.get_closest_marker("failpoints")
+    fired = tmp_path / "fired"
+    fired.mkdir()
     try:
         rt = c.replica()  # the event store's tables and the keyspace before the others start
-        c.start("relay")
-        c.start("worker")
+        d = Deployment(c, rt, Parameters(), [], fired=fired, failpoints=dict(marker.kwargs) if marker else {})
+        c.start("relay", d.env_of("relay"))
+        c.start("worker", d.env_of("worker"))
         rt.app.create_conversation(T, CID, "crash test", USERS)
         c.wait_workers(1)
         c.settle(rt, timeout=180)
-        params = load_settings({**c.urls, **c.settings_env}).params
-        d = Deployment(c, rt, params, random.Random(SEED).sample(USERS, 100))
+        d.params = load_settings({**c.urls, **c.settings_env}).params
+        d.sample = random.Random(SEED).sample(USERS, 100)
         print(f"\n{MEMBERS}-member group projected in {time.monotonic() - started:.1f} s", flush=True)
         yield d
         print("\n" + "\n".join(d.notes), flush=True)
@@ -397,22 +444,61 @@ class Supervisor:
         return time.monotonic() - t0
 
 
+# -- where a fault landed ----------------------------------------------------------------------------
+
+
+def mid_fanout(d: Deployment, first: int, count: int) -> dict[int, float]:
+    """The run's messages `first`..: the mailbox entries of each in the table (a scan: a
+    member's read finds an entry only once the unit's hour rows landed too), asserted
+    strictly between none and all of the run's (the fault landed in the fan-out). Returns
+    the fraction of the members holding each."""
+    mb: Any = d.rt.views.mailbox
+    mb = getattr(mb, "inner", mb)  # the Cassandra store under fanout.rereview.MailboxMeter
+    have = collections.Counter(seq for _t, _u, _pos, seq, _c, _f in mb.all_entries())
+    at = {s: have[s] / MEMBERS for s in range(first, first + count)}
+    assert 0 < sum(have[s] for s in at) < count * MEMBERS, f"the fault landed outside the fan-out: {fmt(at)}"
+    return at
+
+
+def exited(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"pid {proc.pid} still running {timeout} s after its failpoint fired") from None
+
+
+def stopped(pid: int, timeout: float = 30.0) -> None:
+    """Until process `pid` is stopped (SIGSTOP by its `stop` failpoint)."""
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+        assert time.monotonic() < deadline, f"pid {pid} not stopped {timeout} s after its failpoint fired"
+        time.sleep(0.01)
+
+
+def note(d: Deployment, line: str, started: float) -> None:
+    line = f"{line}; run {time.monotonic() - started:.1f} s"
+    print(line, flush=True)
+    d.notes.append(line)
+
+
 # -- a: kill -9 of an API replica while it sends ------------------------------------------------------
 
 
 class SenderProcess:
-    def __init__(self, d: Deployment, tag: str, count: int, interval: float) -> None:
+    def __init__(self, d: Deployment, tag: str, count: int, interval: float, failpoints: str) -> None:
         self.lines: list[tuple[float, str, dict[str, Any]]] = []
         self.changed = threading.Condition()
         args = [sys.executable, "-m", "tests.distributed.crash_sender", T, CID, str(count), str(interval), tag]
+        assert d.fired is not None
         self.proc = subprocess.Popen(
             [*args, MENTIONED, *SENDERS],
             cwd=ROOT,
-            env=d.cluster.env(),
+            env={**d.cluster.env(), "FANOUT_FAILPOINTS": failpoints, "FANOUT_FAILPOINTS_FIRED": str(d.fired)},
             stdout=subprocess.PIPE,
             stderr=open(d.cluster.logs / "sender.log", "ab"),  # noqa: SIM115
         )
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -422,196 +508,154 @@ class SenderProcess:
                 self.lines.append((time.monotonic(), kind, json.loads(body) if body else {}))
                 self.changed.notify_all()
 
-    def wait_for(self, pred: Callable[[str, dict[str, Any]], bool], timeout: float = 60.0) -> float:
-        with self.changed:
-            ok = self.changed.wait_for(lambda: any(pred(k, b) for _, k, b in self.lines), timeout)
-        assert ok, f"the sender never got there: {self.lines}"
-        return next(t for t, k, b in self.lines if pred(k, b))
-
     def acked(self) -> list[dict[str, Any]]:
         return [b for _, k, b in self.lines if k == "ACK"]
 
 
-def test_a_kill_9_of_an_api_replica_while_it_sends(deployment: Deployment) -> None:
+@pytest.mark.parametrize(
+    ("point", "stored"),
+    [("command.recording", False), ("command.recorded", True)],
+    ids=["before-its-transaction", "after-its-transaction"],
+)
+def test_a_kill_9_of_an_api_replica_while_it_sends(deployment: Deployment, point: str, stored: bool) -> None:
+    """The sender dies at its second send, just before or just after the event store's
+    transaction (never acknowledged either way): the message is then absent, or stored and
+    delivered to every member exactly once, while the first message fans out."""
     d = deployment
-    for run in range(RUNS):
-        started = time.monotonic()
-        r = rng("a", run)
-        first = check_run(d) + 1
-        tag = f"a{run}"
-        sender = SenderProcess(d, tag, PER_RUN, interval=0.4)
-        ready = sender.wait_for(lambda k, b: k == "READY")
-        # Just after the command of message k went out (often in flight), or at a random moment.
-        if r.random() < 0.5:
-            k = r.randrange(PER_RUN)
-            delay = r.uniform(0.0, 0.006)  # a send takes a few ms: often still in flight
-            sender.wait_for(lambda kind, b: kind == "SENDING" and b["i"] == k)  # noqa: B023
-            time.sleep(delay)
-            point = f"{delay * 1000:.0f} ms after sending #{k}"
-        else:
-            delay = r.uniform(0.05, PER_RUN * 0.4)
-            time.sleep(max(0.0, ready + delay - time.monotonic()))
-            point = f"{delay:.2f} s after READY"
-        at_kill = written(d, range(first, first + PER_RUN))
-        sender.proc.send_signal(signal.SIGKILL)
-        sender.proc.wait(10)
-        time.sleep(0.2)  # the reader thread drains the pipe
-        acked = sender.acked()
-        d.acked |= {str(a["message_id"]) for a in acked}
-        in_flight = [b["i"] for _, k, b in sender.lines if k == "SENDING"][len(acked) :]
-        took = settle(d)
-        latest = check_run(d)
-        texts = {m["text"] for m in d.rt.views.messages(T, CID, 0, 10_000)}
-        stored = {i: f"{tag} message {i}" in texts for i in in_flight}
-        note = (
-            f"a run {run}: killed {point}: {len(acked)} acknowledged, unacknowledged in flight -> stored: "
-            f"{stored or '-'}, "
-            f"fan-out at the kill {fmt(at_kill)}; caught up {took:.1f} s later, latest seq {latest}; "
-            f"run {time.monotonic() - started:.1f} s"
-        )
-        print(note, flush=True)
-        d.notes.append(note)
+    started = time.monotonic()
+    first = check_run(d) + 1
+    sender = SenderProcess(d, "a", PER_RUN, interval=0.0, failpoints=f"{point}=kill@MessageSent#2")
+    assert d.fired_in(point) == sender.proc.pid
+    assert exited(sender.proc) == -signal.SIGKILL
+    sender.reader.join(10)  # the pipe drained
+    acked = sender.acked()
+    assert [a["i"] for a in acked] == [0], sender.lines
+    d.acked |= {str(a["message_id"]) for a in acked}
+    took = settle(d)
+    latest = check_run(d)
+    texts = {m["text"] for m in d.rt.views.messages(T, CID, 0, 10_000)}
+    assert ("a message 1" in texts) is stored, (point, texts)
+    assert latest == first + int(stored), (first, latest)
+    note(d, f"a: sender killed at {point} of its second send; stored: {stored}; caught up {took:.1f} s later", started)
     d.notes.append(verify(d))
-
-
-def send_spaced(d: Deployment, tag: str, count: int, gap: float) -> None:
-    for _ in range(count):
-        d.send(tag)
-        time.sleep(gap)
 
 
 # -- b: kill -9 of the relay --------------------------------------------------------------------------
 
 
+@pytest.mark.failpoints(relay="relay.produced=kill@MessageSent#2")
 def test_b_kill_9_of_the_relay(deployment: Deployment) -> None:
+    """The relay dies between producing the second message's transaction and committing it,
+    while the first fans out; restarted, it publishes from where the topic stands."""
     d = deployment
-    for run in range(RUNS):
-        started = time.monotonic()
-        r = rng("b", run)
-        first = check_run(d) + 1
-        d.send(f"b{run}")
-        wait_fanout_started(d, first)
-        # The rest are sent while the first fans out; the relay dies among them.
-        rest = threading.Thread(target=send_spaced, args=(d, f"b{run}", PER_RUN - 1, 0.3))
-        rest.start()
-        delay = r.uniform(0.0, 0.3 * PER_RUN)
-        time.sleep(delay)
-        relayed = d.rt.links.relayed_position()
-        at_kill = written(d, range(first, first + PER_RUN))
-        d.cluster.kill("relay")
-        down = r.uniform(0.0, 1.5)
-        time.sleep(down)
-        rest.join()
-        d.cluster.start("relay")
-        took = settle(d)
-        latest = check_run(d)
-        note = (
-            f"b run {run}: relay killed {delay:.2f} s into the fan-out (relayed through {relayed}, log at "
-            f"{d.latest()}; fan-out {fmt(at_kill)}), restarted {down:.2f} s later; caught up in {took:.1f} s, "
-            f"latest seq {latest}; run {time.monotonic() - started:.1f} s"
-        )
-        print(note, flush=True)
-        d.notes.append(note)
+    started = time.monotonic()
+    first = check_run(d) + 1
+    d.send("b")
+    wait_fanout_started(d, first)
+    d.send("b", PER_RUN - 1)
+    assert d.name_of(d.fired_in("relay.produced")) == "relay"
+    assert exited(d.cluster.procs["relay"]) == -signal.SIGKILL
+    relayed = d.rt.links.relayed_position()
+    assert relayed < d.latest(), (relayed, d.latest())  # the produced records were never committed
+    at_kill = mid_fanout(d, first, PER_RUN)
+    d.cluster.procs.pop("relay")
+    d.cluster.start("relay")
+    took = settle(d)
+    latest = check_run(d)
+    note(d, f"b: relay killed at relay.produced (relayed through {relayed}, log at {d.latest()}; fan-out "
+         f"{fmt(at_kill)}); caught up {took:.1f} s after its restart, latest seq {latest}", started)
     d.notes.append(verify(d))
 
 
 # -- c: kill -9 of a worker, two running -------------------------------------------------------------
 
 
+@pytest.mark.failpoints(worker=f"commit.{STEP}=kill@MessageSent")
 def test_c_kill_9_of_a_worker_the_other_takes_over(deployment: Deployment) -> None:
+    """The worker holding the conversation's partition dies in the middle of the mailbox
+    round of the run's messages; the other takes the partition over and replays the unit."""
     d = deployment
     c = d.cluster
-    c.start("worker-2")
+    c.start("worker-2", d.env_of("worker-2"))
     c.wait_workers(2)
     part = partition_of(c.urls["FANOUT_LOG"], d.rt.views.head(T, CID)["position"])  # type: ignore[index]
-    for run in range(RUNS):
-        started = time.monotonic()
-        r = rng("c", run)
-        first = check_run(d) + 1
-        t0 = time.monotonic()
-        while True:  # the group settled: both workers assigned in the same generation, disjoint
-            held = {n: assignment(c, n) for n in ("worker", "worker-2")}
-            (g1, p1), (g2, p2) = held.values()
-            if g1 == g2 and p1 and p2 and not p1 & p2 and part in p1 | p2:
-                break
-            assert time.monotonic() - t0 < 90, f"the workers did not share the partitions: {held}"
-            time.sleep(0.2)
-        generation = g1
-        victim = next(n for n, (_, ps) in held.items() if ps and part in ps)
-        other = "worker-2" if victim == "worker" else "worker"
-        d.send(f"c{run}", PER_RUN)
-        wait_fanout_started(d, first)
-        delay = r.uniform(0.0, FANOUT_SECONDS * PER_RUN * 0.8)
-        time.sleep(delay)
-        at_kill = written(d, range(first, first + PER_RUN))
-        c.kill(victim)
-        killed_at = time.monotonic()
-        while True:  # the other takes the partition over after the session timeout
-            g, ps = assignment(c, other)
-            if g > generation and ps and part in ps:
-                break
-            assert time.monotonic() - killed_at < 60, f"{other} did not take partition {part}: {c.log_of(other)}"
-            time.sleep(0.2)
-        takeover = time.monotonic() - killed_at
-        took = settle(d)
-        latest = check_run(d)
-        c.start(victim)  # the operator restarts the killed worker; it rejoins the group
-        c.wait_workers(2)
-        note = (
-            f"c run {run}: {victim} (partition {part}; generation {generation}: {held}) killed {delay:.2f} s into the fan-out "
-            f"({fmt(at_kill)}); {other} took partition {part} over {takeover:.1f} s later and caught up "
-            f"{took:.1f} s after; latest seq {latest}; run {time.monotonic() - started:.1f} s"
-        )
-        print(note, flush=True)
-        d.notes.append(note)
+    started = time.monotonic()
+    first = check_run(d) + 1
+    t0 = time.monotonic()
+    while True:  # the group settled: both workers assigned in the same generation, disjoint
+        held = {n: assignment(c, n) for n in ("worker", "worker-2")}
+        (g1, p1), (g2, p2) = held.values()
+        if g1 == g2 and p1 and p2 and not p1 & p2 and part in p1 | p2:
+            break
+        assert time.monotonic() - t0 < 90, f"the workers did not share the partitions: {held}"
+        time.sleep(0.2)
+    generation = g1
+    owner = next(n for n, (_, ps) in held.items() if ps and part in ps)
+    d.send("c", PER_RUN)
+    victim = d.name_of(d.fired_in(f"commit.{STEP}"))
+    assert victim == owner, (victim, held)
+    assert exited(c.procs[victim]) == -signal.SIGKILL
+    killed_at = time.monotonic()
+    at_kill = mid_fanout(d, first, PER_RUN)
+    other = "worker-2" if victim == "worker" else "worker"
+    while True:  # the other takes the partition over after the session timeout
+        g, ps = assignment(c, other)
+        if g > generation and ps and part in ps:
+            break
+        assert time.monotonic() - killed_at < 60, f"{other} did not take partition {part}: {c.log_of(other)}"
+        time.sleep(0.2)
+    takeover = time.monotonic() - killed_at
+    took = settle(d)
+    latest = check_run(d)
+    note(d, f"c: {victim} (partition {part}) killed at commit.{STEP} ({fmt(at_kill)}); {other} took the "
+         f"partition over {takeover:.1f} s later and caught up {took:.1f} s after; latest seq {latest}", started)
     d.notes.append(verify(d))
 
 
-# -- d: a restart of the Kafka broker ----------------------------------------------------------------
+# -- d, e: Kafka or Cassandra restarted while a worker stands in the middle of a commit --------------
+
+
+def restart_under_a_stopped_worker(d: Deployment, tag: str, engine: str, sup: Supervisor) -> str:
+    """Send the run's messages; once the worker stopped itself in the middle of their commit
+    (the `stop` failpoint), restart `engine` while it stands there (one more message accepted
+    by PostgreSQL meanwhile), then let the worker go on. Returns the run's note."""
+    first = check_run(d) + 1
+    d.send(tag, PER_RUN - 1)
+    pid = d.fired_in(f"commit.{STEP}")
+    stopped(pid)
+    at_stop = mid_fanout(d, first, PER_RUN)
+    try:
+        down = engine_script(f"{engine}-down.sh")
+        d.send(tag)  # accepted by PostgreSQL while the engine is away
+    finally:
+        up = engine_script(f"{engine}-up.sh")
+        os.kill(pid, signal.SIGCONT)
+    took = sup.settle(d)
+    return (
+        f"{engine} restarted under {d.name_of(pid)} stopped at commit.{STEP} ({fmt(at_stop)}), down in "
+        f"{down:.1f} s, up in {up:.1f} s; caught up {took:.1f} s later; restarted: {sup.restarted or 'none'}"
+    )
 
 
 @pytest.mark.engine_restart
+@pytest.mark.failpoints(worker=f"commit.{STEP}=stop@MessageSent")
 def test_d_a_restart_of_the_kafka_broker(deployment: Deployment) -> None:
     d = deployment
     require_local_engine("kafka", "kafka.pid")
     cluster_id = (ENGINES_DIR / "kafka" / "cluster.id").read_text()
-    sup = Supervisor(d.cluster)
     kafka = kafka_settings(d.cluster.urls["FANOUT_LOG"])
-    brokers, topic = kafka.brokers, kafka.topic
-    for run in range(RUNS):
-        started = time.monotonic()
-        r = rng("d", run)
-        first = check_run(d) + 1
-        d.send(f"d{run}", PER_RUN - 1)
-        wait_fanout_started(d, first)
-        delay = r.uniform(0.0, FANOUT_SECONDS * (PER_RUN - 1) * 0.8)
-        time.sleep(delay)
-        relayed = relayed_position(brokers, topic)
-        at_kill = written(d, range(first, first + PER_RUN))
-        try:
-            down = engine_script("kafka-down.sh")
-            d.send(f"d{run}")  # accepted by PostgreSQL while Kafka is away; relayed after
-            time.sleep(r.uniform(0.0, 2.0))
-        finally:
-            up = engine_script("kafka-up.sh")
-        assert (ENGINES_DIR / "kafka" / "cluster.id").read_text() == cluster_id, "Kafka came back on new data"
-        assert relayed_position(brokers, topic) >= relayed, "the topic lost records across the restart"
-        took = sup.settle(d)
-        latest = check_run(d)
-        note = (
-            f"d run {run}: Kafka stopped {delay:.2f} s into the fan-out ({fmt(at_kill)}; relayed through "
-            f"{relayed}), down in {down:.1f} s, up in {up:.1f} s; caught up {took:.1f} s later; restarted: "
-            f"{sup.restarted or 'none'}; latest seq {latest}; run {time.monotonic() - started:.1f} s"
-        )
-        print(note, flush=True)
-        d.notes.append(note)
+    relayed = relayed_position(kafka.brokers, kafka.topic)
+    started = time.monotonic()
+    sup = Supervisor(d.cluster)
+    line = restart_under_a_stopped_worker(d, "d", "kafka", sup)
+    assert (ENGINES_DIR / "kafka" / "cluster.id").read_text() == cluster_id, "Kafka came back on new data"
+    assert relayed_position(kafka.brokers, kafka.topic) >= relayed, "the topic lost records across the restart"
+    note(d, f"d: {line}; latest seq {check_run(d)}", started)
     d.notes.append(verify(d))
 
 
-# -- e: a restart of Cassandra -------------------------------------------------------------------------
-
-
 @pytest.mark.engine_restart
+@pytest.mark.failpoints(worker=f"commit.{STEP}=stop@MessageSent")
 def test_e_a_restart_of_cassandra(deployment: Deployment) -> None:
     d = deployment
     require_local_engine("cassandra", "cassandra.pid")
@@ -619,29 +663,9 @@ def test_e_a_restart_of_cassandra(deployment: Deployment) -> None:
     views: Any = d.rt.views
     for session in (views.session, views.mailbox.session):
         assert session.cluster.reconnection_policy.max_delay <= 5.0
+    started = time.monotonic()
     sup = Supervisor(d.cluster)
-    for run in range(RUNS):
-        started = time.monotonic()
-        r = rng("e", run)
-        first = check_run(d) + 1
-        d.send(f"e{run}", PER_RUN)
-        wait_fanout_started(d, first)
-        delay = r.uniform(0.0, FANOUT_SECONDS * PER_RUN * 0.8)
-        time.sleep(delay)
-        at_kill = written(d, range(first, first + PER_RUN))
-        try:
-            down = engine_script("cassandra-down.sh")
-            time.sleep(r.uniform(0.0, 1.0))
-        finally:
-            up = engine_script("cassandra-up.sh")
-        took = sup.settle(d)
-        reconnected(d)  # the workers caught up; this process's own sessions may still be reconnecting
-        latest = check_run(d)
-        note = (
-            f"e run {run}: Cassandra stopped {delay:.2f} s into the fan-out ({fmt(at_kill)}), down in "
-            f"{down:.1f} s, up in {up:.1f} s; caught up {took:.1f} s later; restarted: "
-            f"{sup.restarted or 'none'}; latest seq {latest}; run {time.monotonic() - started:.1f} s"
-        )
-        print(note, flush=True)
-        d.notes.append(note)
+    line = restart_under_a_stopped_worker(d, "e", "cassandra", sup)
+    reconnected(d)  # the workers caught up; this process's own sessions may still be reconnecting
+    note(d, f"e: {line}; latest seq {check_run(d)}", started)
     d.notes.append(verify(d))
