@@ -26,6 +26,14 @@ def conversation_stream(h: Harness, cid: str = "c") -> list[str]:
     return stream(h, Conversation.create_id(T, cid))
 
 
+def hold_activity(h: Harness) -> None:
+    """Nothing flushes by itself from here on: the command side's rule and the flusher thread's
+    wait both read an hour (the app's attribute alone left the flusher at 0.2 s, and a loaded
+    machine's flush landed amid a test's reads)."""
+    h.app.activity_flush_interval = 3600.0
+    h.app.activity.interval = 3600.0
+
+
 def wait_for(check: Any, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -64,7 +72,7 @@ def test_many_stale_members_reading_cost_one_conversation_append(make_harness, c
     readers = [f"r{i}" for i in range(50)]
     h.app.create_conversation(T, "c", "", ["a", *readers])
     send(h, clock, "a")
-    h.app.activity_flush_interval = 3600.0  # nothing flushes by itself in this test
+    hold_activity(h)
     before = conversation_stream(h)
     for u in readers:
         h.app.mark_read(T, "c", u, 1)
@@ -104,7 +112,7 @@ def test_a_pending_refresh_rides_on_the_next_send_of_the_same_process(make_harne
     h.app.create_conversation(T, "c", "", ["a", "b", "d"])
     h.settle()
     enable(h)
-    h.app.activity_flush_interval = 3600.0
+    hold_activity(h)
     h.app.mark_read(T, "c", "b", 0)
     before = conversation_stream(h)
     out = send(h, clock, "a")
@@ -118,7 +126,7 @@ def test_a_pending_refresh_rides_on_the_next_send_of_the_same_process(make_harne
 def test_close_appends_the_pending_refreshes(make_harness, clock: FakeClock) -> None:  # noqa: ANN001
     h = make_harness(PARAMS)
     h.app.create_conversation(T, "c", "", ["a", "b"])
-    h.app.activity_flush_interval = 3600.0
+    hold_activity(h)
     h.app.mark_read(T, "c", "b", 0)
     h.restart()
     assert conversation_stream(h)[-1] == "Conversation.MembersActive"
@@ -129,7 +137,7 @@ def test_a_read_while_a_refresh_is_pending_is_coalesced_like_a_recorded_one(make
     h = make_harness(Parameters())
     h.app.create_conversation(T, "c", "", ["a", "b"])
     send(h, clock, "a")
-    h.app.activity_flush_interval = 3600.0
+    hold_activity(h)
     assert h.app.mark_read(T, "c", "b", 1)["coalesced"] is False
     h.settle()  # the views show read seq 1
     top = h.log_top()
