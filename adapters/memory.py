@@ -104,9 +104,10 @@ class MemoryWriter:
         self.positions: dict[tuple[str, int], int] = {}
         self.log_positions: dict[int, LogPosition] = {}
         self.partition = 0
-        self.above = 0
-        self.checkpoint: Callable[[str], None] | None = None  # one commit step: never called
         self.head_keys: set[tuple[str, str]] = set()  # the heads put (heads_written)
+
+    def applying(self, partition: int, above: int) -> None:
+        self.partition = partition
 
     def track(self, projection: str, position: int, partition: int = 0) -> None:
         self.positions[(projection, partition)] = position
@@ -211,7 +212,11 @@ class MemoryViews:
 
     @contextmanager
     def unit_of_work(
-        self, targets: frozenset[str] = ALL_TARGETS, *, now: float | None = None
+        self,
+        targets: frozenset[str] = ALL_TARGETS,
+        *,
+        now: float | None = None,
+        checkpoint: Callable[[str], None] | None = None,  # one commit step: never called
     ) -> Iterator[MemoryWriter]:
         w = MemoryWriter(targets)
         yield w  # an exception here leaves everything as it was

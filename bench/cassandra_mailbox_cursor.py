@@ -52,7 +52,7 @@ def main() -> None:
         for h in range(a.hours):
             store.write("t", MessageRefs("g", h + 1, h + 1, 0, {}, {0: ["old"]}, at=base + h * 3600))
         with views.unit_of_work() as w:  # "new" joins after every message of "old" (the host's `above`)
-            w.above = a.hours
+            w.applying(0, a.hours)
             w.put_states("t", "g", [("new", UserConversationState(0, 0))])
             w.put_mailbox(
                 "t", MessageRefs("g", last, last, 0, {}, {0: ["new", "old"]}, at=base + (a.hours - 1) * 3600 + 60)

@@ -102,15 +102,13 @@ class ViewWriter(Protocol):
     events at or below it. Tracking is written after everything else of the unit."""
 
     mailbox_entries: int  # entries queued in this unit (the runner bounds a unit by it)
-    partition: int  # the log partition this unit applies (embedded: 0; Kafka: the partition)
-    # Every event this unit applies from `partition` is above this position (the lowest its
-    # views tracked there before the unit); the host sets it with `partition`. A store may keep
-    # it as a lower bound of what a write derives from (Cassandra's mailbox floors, ADR-0045).
-    above: int
-    # A store that commits in several steps (Cassandra) calls it with the next step's name
-    # between them; the host's fencing check raises there to end a stale unit. Stores that
-    # commit in one transaction never call it.
-    checkpoint: Callable[[str], None] | None
+    partition: int  # the log partition the writes come from now (`applying`; embedded: 0)
+
+    def applying(self, partition: int, above: int) -> None:
+        """The writes that follow come from events of log `partition` (until the next call;
+        before any, partition 0 above 0), every one above position `above` (the lowest its
+        views tracked there before the unit). A store may keep `above` as a lower bound of
+        what a write derives from (Cassandra's mailbox floors, ADR-0045)."""
 
     def track(self, projection: str, position: int, partition: int = 0) -> None: ...
 
@@ -280,10 +278,18 @@ class ViewStore(ViewReader, Protocol):
     atomic_units: bool
 
     def unit_of_work(
-        self, targets: frozenset[str] = ALL_TARGETS, *, now: float | None = None
+        self,
+        targets: frozenset[str] = ALL_TARGETS,
+        *,
+        now: float | None = None,
+        checkpoint: Callable[[str], None] | None = None,
     ) -> AbstractContextManager[ViewWriter]:
         """Writes in the block and the tracking positions commit together or not at all.
-        Only the writes of `targets` are kept; `now` stamps materialized_at."""
+        Only the writes of `targets` are kept; `now` stamps materialized_at. `checkpoint` is
+        called with the next step's name between the steps of the commit (the host's fencing
+        check raises there to end a stale unit; the crash tests kill there): a store that
+        commits in rounds (Cassandra) calls it between them, one that commits in a transaction
+        before its mailbox writes and its commit (SQLite), the memory store never."""
 
     def record_pushes(self, tenant: str, conversation_id: str, seq: int, pushes: int) -> None:
         """Add online pushes to a delivery record (after its unit committed)."""

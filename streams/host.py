@@ -392,15 +392,15 @@ class ProjectionHost:
         delivery = DeliveryProjection.name
         since = {p: self.tracked(p)[delivery] for p in work if delivery in self.tracked(p)}
         try:
-            with self.views.unit_of_work(self.targets) as w:
-                w.checkpoint = self._checkpoint({p: self._committed.get(p) for p in work}, labels)
+            checkpoint = self._checkpoint({p: self._committed.get(p) for p in work}, labels)
+            with self.views.unit_of_work(self.targets, checkpoint=checkpoint) as w:
                 for partition, records in work.items():
-                    w.partition, w.above = partition, lows[partition]
+                    w.applying(partition, lows[partition])
                     folds[partition] = self._fold(partition, records, w, effects, labels)
                     if w.mailbox_entries >= self.max_entries_per_commit:
                         break
                 for partition, fold in folds.items():
-                    w.partition, w.above = partition, lows[partition]
+                    w.applying(partition, lows[partition])
                     for p in self.projections(partition):
                         p.flush(w)
                         w.track(p.name, fold.last[p.name], partition)

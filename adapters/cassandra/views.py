@@ -124,12 +124,17 @@ class CassandraViews(LoginReads):
 
     @contextmanager
     def unit_of_work(
-        self, targets: frozenset[str] = ALL_TARGETS, *, now: float | None = None
+        self,
+        targets: frozenset[str] = ALL_TARGETS,
+        *,
+        now: float | None = None,
+        checkpoint: Callable[[str], None] | None = None,
     ) -> Iterator[CassandraWriter]:
         """Writes in the block are executed when it exits without an exception (an
-        exception writes nothing), in the crash-safe order of the module docstring."""
+        exception writes nothing), in the crash-safe order of the module docstring;
+        `checkpoint` is called between its rounds."""
         with self._lock:
-            w = CassandraWriter(targets)
+            w = CassandraWriter(targets, checkpoint)
             yield w
             self._commit(w, now)
 

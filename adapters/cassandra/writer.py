@@ -145,18 +145,16 @@ class CassandraWriter:
     """The ViewWriter of one unit of work: every write is buffered (the last one per key
     wins, as it would in order), executed by the store when the block exits cleanly."""
 
-    def __init__(self, targets: frozenset[str]) -> None:
+    def __init__(self, targets: frozenset[str], checkpoint: Callable[[str], None] | None = None) -> None:
         self.targets = targets
-        self.partition = 0  # the host sets it (ViewWriter.partition), and `above` with it
+        self.partition = 0  # where the writes come from now, and what they are above (`applying`)
         self.above = 0
         self.floors: dict[tuple[str, str], int] = {}  # (tenant, user) -> the lowest `above` of its puts (ADR-0045)
         self.mailbox: list[tuple[str, MessageRefs]] = []
         self.mailbox_entries = self.largest_message = 0  # entries in all, and in its largest message
         self.positions: dict[tuple[str, int], int] = {}
         self.log_positions: dict[int, tuple[int, int]] = {}  # partition -> (position, next offset)
-        # Called with the next step's name between the steps of the commit (the host's fencing
-        # check and fault-injection points); an exception there ends the commit.
-        self.checkpoint: Callable[[str], None] | None = None
+        self.checkpoint = checkpoint  # between the commit's steps (ViewStore.unit_of_work)
         self.heads: dict[tuple[str, str], tuple[tuple[Any, ...], int]] = {}  # (its cells, its bytes)
         self.lookups: dict[tuple[str, str], tuple[str, str]] = {}  # -> (aggregate id, size bucket): ADR-0049
         # (its cells, a broadcast?, its bytes)
@@ -172,10 +170,12 @@ class CassandraWriter:
         self.tiers: dict[str, dict[str, Any]] = {}
         self.capacity: dict[str, dict[str, Any]] = {}
         # A unit may span log partitions (the worker's take): each row is stamped with the
-        # position ITS partition reaches in the unit, never another partition's (ADR-0021: a
-        # row's stamps must grow with its own partition's log). The partition a row came
-        # from is `partition` when it was put (the host sets it before each partition's events).
+        # position ITS partition reaches in the unit (ADR-0021: a row's stamps grow with its own
+        # partition's log), the partition `applying` named when it was put.
         self.partition_of: dict[tuple[str, ...], int] = {}
+
+    def applying(self, partition: int, above: int) -> None:
+        self.partition, self.above = partition, above
 
     def _from(self, *key: str) -> None:
         self.partition_of[key] = self.partition

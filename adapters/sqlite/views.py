@@ -67,11 +67,15 @@ class SqliteViews:
 
     @contextmanager
     def unit_of_work(
-        self, targets: frozenset[str] = ALL_TARGETS, *, now: float | None = None
+        self,
+        targets: frozenset[str] = ALL_TARGETS,
+        *,
+        now: float | None = None,
+        checkpoint: Callable[[str], None] | None = None,
     ) -> Iterator[SqliteWriter]:
         """Everything written in the block commits with the tracking positions.
         The mailbox shards are made durable first (idempotent), then the views. Named steps
-        (the host's checkpoint, where the crash tests kill): `mailbox` before each message's
+        (`checkpoint`'s, where the crash tests kill): `mailbox` before each message's
         mailbox write, `tracking` once the mailbox holds the unit and the views have not
         committed it."""
         with self._write_lock:
@@ -80,7 +84,7 @@ class SqliteViews:
             con.execute("BEGIN IMMEDIATE")
             try:
                 yield w
-                step = w.checkpoint or _no_step
+                step = checkpoint or _no_step
                 for tenant, refs in w.mailbox:
                     step("mailbox")
                     self.mailbox.write(tenant, refs)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from projections.ports import LogPosition, MessageRefs
@@ -39,9 +39,11 @@ class SqliteWriter:
         self.positions: dict[tuple[str, int], int] = {}
         self.log_positions: dict[int, LogPosition] = {}
         self.partition = 0  # one log, one partition
-        self.above = 0  # unused here: a mailbox read is one index range (ADR-0045 is Cassandra's)
-        self.checkpoint: Callable[[str], None] | None = None  # the host's, called by SqliteViews.unit_of_work between its steps
         self.head_keys: set[tuple[str, str]] = set()  # the heads put (heads_written)
+
+    def applying(self, partition: int, above: int) -> None:
+        """`above` is unused here: a mailbox read is one index range (ADR-0045 is Cassandra's)."""
+        self.partition = partition
 
     def track(self, projection: str, position: int, partition: int = 0) -> None:
         """Record the last position this unit of work applied for (projection, partition);

@@ -160,10 +160,10 @@ def test_a_host_whose_partition_was_written_past_it_is_fenced_and_reloads(popo_l
 
 
 class HookedViews(MemoryViews):
-    """In-memory views that call `committing(w)` when a unit's block exits cleanly, before
-    the store writes it."""
+    """In-memory views that call `committing(w, checkpoint)` when a unit's block exits
+    cleanly, before the store writes it."""
 
-    def committing(self, w: Any) -> None:
+    def committing(self, w: Any, checkpoint: Any) -> None:
         pass
 
     def unit_of_work(self, *args: Any, **kwargs: Any) -> Any:
@@ -175,7 +175,7 @@ class HookedViews(MemoryViews):
         def unit() -> Any:
             with inner(*args, **kwargs) as w:
                 yield w
-                self.committing(w)
+                self.committing(w, kwargs.get("checkpoint"))
 
         return unit()
 
@@ -186,13 +186,13 @@ class SteppedViews(HookedViews):
 
     between: Any = None
 
-    def committing(self, w: Any) -> None:
-        if w.checkpoint is not None and w.positions:
-            w.checkpoint("heads")
+    def committing(self, w: Any, checkpoint: Any) -> None:
+        if checkpoint is not None and w.positions:
+            checkpoint("heads")
             if self.between is not None:
                 run, self.between = self.between, None
                 run()
-            w.checkpoint("tracking")
+            checkpoint("tracking")
 
 
 def test_a_unit_paused_mid_commit_is_stopped_before_its_tracking(
@@ -234,7 +234,7 @@ class ReadAheadViews(HookedViews):
 
         return answered
 
-    def committing(self, w: Any) -> None:
+    def committing(self, w: Any, checkpoint: Any) -> None:
         self.steps.append("writes")  # the block exited cleanly: the store writes now
 
 

@@ -114,9 +114,7 @@ def apply(
     (as a restarted runner or a newly assigned Faust partition would be). `crash_at`: the
     commit stops at that step (the store's checkpoint raises Crash)."""
     projections = build_projections(views, PARAMS)
-    with views.unit_of_work() as w:
-        if crash_at is not None:
-            w.checkpoint = partial(_crash_at, crash_at)
+    with views.unit_of_work(checkpoint=None if crash_at is None else partial(_crash_at, crash_at)) as w:
         writer = w if tracking else _NoTracking(w) if heads else _NoHeadNoTracking(w)
         for position, event in events:
             for p in projections:

@@ -410,17 +410,17 @@ class PartitionedLogContract:
         replace partition 0's (a store ordering writes by one stamp per unit would keep the
         older head: last-write-wins by the unit's highest position)."""
         with views2.unit_of_work() as w:
-            w.partition = 0
+            w.applying(0, 0)
             w.put_head(T, "c0", head("c0", 1))
             w.put_message(T, "c0", message("c0", 1, 10))
-            w.partition = 1
+            w.applying(1, 0)
             w.put_head(T, "c1", head("c1", 1))
             w.track("delivery", 10, partition=0)
             w.track_log(0, 10, -1)
             w.track("delivery", 100, partition=1)
             w.track_log(1, 100, -1)
         with views2.unit_of_work() as w:
-            w.partition = 0
+            w.applying(0, 0)
             w.put_head(T, "c0", head("c0", 2))
             w.put_message(T, "c0", {**message("c0", 1, 10), "text": "edited by a later unit"})
             w.track("delivery", 20, partition=0)
@@ -541,12 +541,12 @@ class TestCassandraViews(ViewStoreContract, PartitionedLogContract):
         try:
             for above in (50, 20, 80):
                 with views.unit_of_work() as w:
-                    w.above = above
+                    w.applying(0, above)
                     w.put_states(T, f"c{above}", [("a", fresh())])
             with views.unit_of_work() as w:  # one unit over two partitions: the lower above
-                w.partition, w.above = 0, 7
+                w.applying(0, 7)
                 w.put_states(T, "x", [("b", fresh())])
-                w.partition, w.above = 1, 3
+                w.applying(1, 3)
                 w.put_states(T, "y", [("b", fresh())])
                 w.put_gaps(T, "z", [("c", fresh())])  # a gap is no put: no floor
             rows = self.ks.session.execute(f"SELECT user_id, above FROM {self.ks.keyspace}.mailbox_floors")
@@ -585,7 +585,7 @@ class TestCassandraViews(ViewStoreContract, PartitionedLogContract):
                     w.put_mailbox(T, entry(pos, ["old"]))
                 w.track("delivery", 40)
             with views.unit_of_work() as w:  # the host's unit after position 40
-                w.above = 40
+                w.applying(0, 40)
                 w.put_states(T, "c", [("new", fresh())])
                 w.put_mailbox(T, entry(41, ["old", "new"]))
                 w.track("delivery", 41)
