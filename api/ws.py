@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -27,6 +26,7 @@ from fanout import strict_json
 from fanout.overload import storage_unavailable
 from fanout.push import Connection
 from fanout.security import Claims, Unauthenticated
+from projections.errors import StorageError
 from projections.failures import Throttled
 
 log = logging.getLogger("fanout.api.ws")
@@ -57,7 +57,7 @@ async def websocket(request: web.Request) -> web.StreamResponse:
             await session(request, ws, claims)
     except ConnectionError:
         pass  # the client went away
-    except (OSError, sqlite3.Error) as exc:  # e.g. out of descriptors or a full disk mid-login
+    except (OSError, StorageError) as exc:  # e.g. out of descriptors or a full disk mid-login
         throttled("login", logging.ERROR, "WebSocket session failed: %s", exc)
         if not ws.closed:
             error = storage_unavailable(exc) or Unavailable(

@@ -1,8 +1,9 @@
 """Overload and storage failure (ADR-0010): what the process refuses, and how it says so.
 
-* `storage_unavailable(exc)`: a full disk or a storage I/O error (`storage_failure`,
-  projections/failures.py), or Cassandra answering that too few replicas did (quorum lost,
-  timeouts, no host: ADR-0027), is answered with 503 UNAVAILABLE instead of a bare 500.
+* `storage_unavailable(exc)`: a full disk or a failing store (`storage_failure`,
+  projections/failures.py: the port errors of projections/errors.py the adapters raise, or
+  an OSError), or a store that did not answer (Cassandra with too few replicas, timeouts,
+  no host: ADR-0027), is answered with 503 UNAVAILABLE instead of a bare 500.
 * `Backpressure` refuses writes the read side has to materialize once the projector is
   behind the log by more than a bound, or while its last attempt failed. O(1) per check:
   the application reports what it recorded (positions, mailbox entries of each send),
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import resource
-import sqlite3
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 from domain.errors import Unavailable
+from projections.errors import StorageError, StorageUnavailable
 from projections.failures import exception_chain, first_line, storage_failure
 
 log = logging.getLogger("fanout.overload")
@@ -38,31 +39,9 @@ DRAIN_ENTRIES_PER_SEC = 200_000
 DRAIN_EVENTS_PER_SEC = 1_000
 
 
-# The Cassandra driver's errors when too few replicas answer (quorum lost, replicas timing
-# out) or no node can be reached: by class name, so this module needs no driver (ADR-0027).
-CASSANDRA_UNAVAILABLE = frozenset(
-    {
-        "Unavailable",
-        "ReadTimeout",
-        "WriteTimeout",
-        "ReadFailure",
-        "WriteFailure",
-        "OperationTimedOut",
-        "NoHostAvailable",
-    }
-)
-
-
-def views_store_unavailable(exc: BaseException) -> bool:
-    """Whether `exc` (or its cause) is the Cassandra driver saying too few replicas answered."""
-    return any(
-        type(e).__name__ in CASSANDRA_UNAVAILABLE and type(e).__module__.startswith("cassandra")
-        for e in exception_chain(exc)
-    )
-
-
 def storage_unavailable(exc: BaseException) -> Unavailable | None:
-    if views_store_unavailable(exc):
+    chain = exception_chain(exc)
+    if any(isinstance(e, StorageUnavailable) for e in chain):  # the views' store (Cassandra, ADR-0027)
         return Unavailable(
             f"the views' store did not answer ({first_line(exc)}); retry later",
             reason="storage_error",
@@ -83,8 +62,10 @@ def startup_error(data_dir: Path, exc: BaseException) -> str | None:
     """One line for a data dir (or file) the process cannot open or write: a full disk,
     not a directory, no permission. None when the exception is something else."""
     chain = exception_chain(exc)
+    if any(isinstance(e, StorageUnavailable) for e in chain):
+        return None  # a store on another machine that did not answer: not the data dir's
     reason = storage_failure(exc)
-    if reason is None and not any(isinstance(e, OSError | sqlite3.Error) for e in chain):
+    if reason is None and not any(isinstance(e, OSError | StorageError) for e in chain):
         return None
     os_error = next((e for e in chain if isinstance(e, OSError) and e.filename), None)
     if os_error is not None:

@@ -3,24 +3,21 @@
 
 Kept beside the projections, not in the service layer, so that the projection host
 (streams/host.py) and the service layer share one definition:
-`storage_failure(exc)` recognises a full disk or a storage I/O error anywhere in an
-exception's chain (SQLite, eventsourcing's wrappers, RocksDB, OSError); `Throttled` logs
-a recurring condition once per interval, with a count."""
+`storage_failure(exc)` finds a full disk or a failing store anywhere in an exception's
+chain: a port error an adapter raised (projections/errors.py), or the operating system's
+OSError; `Throttled` logs a recurring condition once per interval, with a count."""
 
 from __future__ import annotations
 
 import errno
 import logging
-import sqlite3
 import threading
 import time
 from typing import Any
 
+from projections.errors import StorageError, StorageFull
+
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
-_FULL_TEXT = ("database or disk is full", "no space left on device", "file too large", "disk quota exceeded")
-_IO_TEXT = ("disk i/o error", "io error:")  # SQLite, RocksDB
-SQLITE_FULL = 13
-SQLITE_IOERR = 10
 
 
 def exception_chain(exc: BaseException) -> list[BaseException]:
@@ -34,22 +31,14 @@ def exception_chain(exc: BaseException) -> list[BaseException]:
 
 
 def storage_failure(exc: BaseException) -> str | None:
-    """'storage_full' (no space, quota, file size limit), 'storage_error' (another I/O
-    error of a store), or None when the exception is not about storage."""
+    """'storage_full' (no space, quota, file size limit), 'storage_error' (another failure of
+    a store: an I/O error, a store that did not answer), or None when the exception is not
+    about storage."""
     reason: str | None = None
     for e in exception_chain(exc):
-        if isinstance(e, OSError) and e.errno in _FULL_ERRNOS:
+        if isinstance(e, StorageFull) or (isinstance(e, OSError) and e.errno in _FULL_ERRNOS):
             return "storage_full"
-        code = getattr(e, "sqlite_errorcode", None)
-        if isinstance(e, sqlite3.Error) and isinstance(code, int):
-            if code & 0xFF == SQLITE_FULL:
-                return "storage_full"
-            if code & 0xFF == SQLITE_IOERR:
-                reason = "storage_error"
-        text = str(e).lower()
-        if any(t in text for t in _FULL_TEXT):
-            return "storage_full"
-        if isinstance(e, OSError) or any(t in text for t in _IO_TEXT):
+        if (isinstance(e, StorageError) and e.reason is not None) or isinstance(e, OSError):
             reason = "storage_error"
     return reason
 

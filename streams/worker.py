@@ -46,9 +46,11 @@ from pathlib import Path
 from typing import Any, cast
 
 import faust
+from confluent_kafka import KafkaException
 
 from domain.params import Parameters
 from projections.capacity_monitor import CapacityMonitor
+from projections.errors import StorageError
 from projections.failures import Throttled, storage_failure
 from projections.hosting import Effect
 from projections.ports import ViewStore
@@ -88,13 +90,10 @@ def group_by_partition(
     return out
 
 
-ENGINE_DRIVERS = ("cassandra", "confluent_kafka", "psycopg", "aiokafka")
-
-
 def engine_unavailable(exc: BaseException) -> bool:
-    """An engine away or overloaded (its driver's exception, or a socket error), as opposed to
-    a bug: the worker logs the first kind in one line."""
-    return isinstance(exc, OSError | TimeoutError) or type(exc).__module__.split(".")[0] in ENGINE_DRIVERS
+    """An engine away or overloaded (a store's StorageError, Kafka's client error, a socket
+    error), as opposed to a bug: the worker logs the first kind in one line."""
+    return isinstance(exc, OSError | TimeoutError | StorageError | KafkaException)
 
 
 class Applier:

@@ -41,17 +41,9 @@ from cassandra.cluster import Session
 from cassandra.murmur3 import murmur3
 from cassandra.query import BatchStatement, PreparedStatement
 
-from adapters.cassandra.batches import (
-    Encoded,
-    cell,
-    grouped,
-    install,
-    joined,
-    key_component,
-    prefix,
-    statement,
-)
+from adapters.cassandra.batches import Encoded, cell, grouped, install, joined, key_component, prefix, statement
 from adapters.cassandra.connect import TUPLE_ROWS, ClusterSettings, Connection, open_session, run
+from adapters.cassandra.errors import cassandra_boundary
 from adapters.cassandra.schema import MAILBOX_TABLES
 from adapters.cassandra.stamps import stamp
 from projections.ports import MailboxEntry, MessageRefs
@@ -142,6 +134,7 @@ class _Hour:
         return got
 
 
+@cassandra_boundary  # the driver's errors raised as the port errors (errors.py)
 class CassandraMailbox:
     """A MailboxStore on Cassandra. Give it a session (shared with the views: close() then
     leaves the Cluster to its owner) or open one with `from_settings` / `connect`."""

@@ -32,6 +32,7 @@ from cassandra.cluster import Session
 from cassandra.query import PreparedStatement, SimpleStatement
 
 from adapters.cassandra.connect import run
+from adapters.cassandra.errors import cassandra_boundary
 from adapters.cassandra.schema import TARGET_TABLES
 from adapters.cassandra.session_states import vouch
 from adapters.cassandra.stamps import RANK_REBUILD, stamp
@@ -78,6 +79,7 @@ class Table:
         return tuple(c for c in self.values if c not in self.runtime)
 
 
+@cassandra_boundary  # the driver's errors raised as the port errors (errors.py)
 class CassandraAsideBuilds:
     """Views built aside in another keyspace, compared with or merged into the live one."""
 

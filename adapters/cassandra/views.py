@@ -38,6 +38,7 @@ from cassandra.concurrent import execute_concurrent_with_args
 
 from adapters.cassandra.batches import Row, grouped
 from adapters.cassandra.connect import TUPLE_ROWS, Connection, open_session, run
+from adapters.cassandra.errors import cassandra_boundary, storage_error
 from adapters.cassandra.login import LoginReads
 from adapters.cassandra.mailbox import CassandraMailbox, Statements
 from adapters.cassandra.mailbox_floors import COPY as FLOORS
@@ -54,6 +55,7 @@ PUSH_COUNTS_KEPT = 10_000  # messages whose push count a replica remembers (a me
 ACTIVITY_READS = 256  # conversations' states partitions an activity read has read at once (memory bounded)
 
 
+@cassandra_boundary  # the driver's errors raised as the port errors (errors.py)
 class CassandraViews(LoginReads):
     """A ViewStore on Cassandra (plus the mailbox store it is given); the login's reads are
     login.py's."""
@@ -277,7 +279,13 @@ class CassandraViews(LoginReads):
         future = self.session.execute_async(self._r["log_position"], (partition,))
 
         def result() -> LogPosition | None:
-            row = future.result().one()
+            try:
+                row = future.result().one()
+            except Exception as exc:  # answered after the method returned: translated here
+                error = storage_error(exc)
+                if error is None:
+                    raise
+                raise error from exc
             return LogPosition(int(row["position"]), int(row["next_offset"])) if row is not None else None
 
         return result

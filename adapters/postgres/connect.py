@@ -1,7 +1,8 @@
 """Opening the PostgreSQL event store: a plain connection before the pool opens
 (`check_event_store`), so a missing database, a server that does not answer or a refused
 login is one line naming the URL (without its password) and what to do, not eventsourcing's
-"couldn't get a connection after 5.00 sec"; and the SQLSTATE of a driver error (`sqlstate`).
+"couldn't get a connection after 5.00 sec"; the SQLSTATE of a driver error (`sqlstate`), and
+the port error it is (`storage_error`: a full disk, an I/O error; projections/errors.py).
 
 The settings are eventsourcing's environment for its PostgreSQL recorders (POSTGRES_HOST,
 POSTGRES_PORT, POSTGRES_USER, POSTGRES_PASSWORD, POSTGRES_DBNAME, ...), as the composition
@@ -10,6 +11,11 @@ root builds it from FANOUT_EVENT_STORE."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+
+from projections.errors import StorageError, StorageFull, StorageIOError
+
+DISK_FULL = "53100"
+IO_ERROR = "58030"
 
 
 class EventStoreUnavailable(RuntimeError):
@@ -24,6 +30,19 @@ def sqlstate(exc: BaseException) -> str | None:
         if state:
             return str(state)
         seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def storage_error(exc: BaseException) -> StorageError | None:
+    """The port error of a psycopg error (or eventsourcing's wrapping one): the server out of
+    disk space, or its disk failing; None for the rest (a lost connection is answered as
+    before: the command fails)."""
+    state = sqlstate(exc)
+    text = str(exc)
+    if state == DISK_FULL or "no space left on device" in text.lower():
+        return StorageFull(text)
+    if state == IO_ERROR:
+        return StorageIOError(text)
     return None
 
 

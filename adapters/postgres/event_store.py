@@ -30,6 +30,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import psycopg
+from eventsourcing.persistence import PersistenceError
 from eventsourcing.postgres import (
     PostgresAggregateRecorder,
     PostgresApplicationRecorder,
@@ -39,7 +41,8 @@ from eventsourcing.postgres import (
 )
 from psycopg.sql import SQL, Composed
 
-from adapters.postgres.connect import EventStoreUnavailable, sqlstate
+from adapters.postgres.connect import EventStoreUnavailable, sqlstate, storage_error
+from projections.errors import storage_boundary
 
 log = logging.getLogger("fanout.event_store")
 
@@ -137,10 +140,16 @@ class SchemaLocked(PostgresRecorder):
                 time.sleep(random.uniform(0.05, 0.2) * attempt)  # noqa: S311 (jitter, not crypto)
 
 
+# a full disk or an I/O error of the server raised as the port errors (connect.py storage_error)
+event_store_boundary = storage_boundary((PersistenceError, psycopg.Error), storage_error)
+
+
+@event_store_boundary
 class SchemaLockedRecorder(SchemaLocked, PostgresApplicationRecorder):
     """The events (eventsourcing's application recorder)."""
 
 
+@event_store_boundary
 class SchemaLockedAggregateRecorder(SchemaLocked, PostgresAggregateRecorder):
     """The snapshots (eventsourcing's aggregate recorder)."""
 

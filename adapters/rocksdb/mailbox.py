@@ -13,7 +13,11 @@ A user's entries are one contiguous key range in pos order: the inbox cursor is 
 seek. The shard leads the key, so one message's references, grouped per shard and
 sorted by user id within it (user ids hold no control characters), are written in
 key order: RocksDB's memtable inserts sequential keys 2.5x faster than scattered
-ones (measured, docs/PERFORMANCE.md)."""
+ones (measured, docs/PERFORMANCE.md).
+
+RocksDB's failures come out of rocksdict as a bare Exception whose text is RocksDB's status
+("IO error: While appending to file: ...: No space left on device"): the store raises them
+as the port errors (`storage_error`), in its `except` clauses only (the write is per message)."""
 
 from __future__ import annotations
 
@@ -22,9 +26,11 @@ import struct
 import threading
 from collections import deque
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from projections.errors import StorageError, StorageFull, StorageIOError
 from projections.ports import MailboxEntry, MessageRefs
 from projections.sharding import shard_of
 
@@ -52,6 +58,35 @@ def user_prefix(shard: int, tenant: str, user_id: str) -> bytes:
 
 class ShardCountMismatch(RuntimeError):
     pass
+
+
+_FULL_TEXT = ("no space left on device", "file too large", "disk quota exceeded")
+
+
+def storage_error(exc: Exception) -> StorageError | None:
+    """The port error of what rocksdict raised: a status of RocksDB's own (a bare Exception:
+    an I/O error, or the OS's error it met), None for anything else."""
+    if type(exc) is not Exception:
+        return None
+    text = str(exc)
+    lowered = text.lower()
+    if any(t in lowered for t in _FULL_TEXT):
+        return StorageFull(text)
+    if "io error" in lowered or "(os error" in lowered:
+        return StorageIOError(text)
+    return None
+
+
+@contextmanager
+def rocksdb_errors() -> Iterator[None]:
+    """RocksDB's failures in the block raised as the port errors (off the per-message write)."""
+    try:
+        yield
+    except Exception as exc:
+        error = storage_error(exc)
+        if error is None:
+            raise
+        raise error from exc
 
 
 def _open(path: Path) -> Any:
@@ -82,11 +117,12 @@ class RocksMailbox:
 
         self.path = Path(path)
         self.shards = shards
-        self.db = _open(self.path)
-        stored = self.db.get(_META_SHARDS)
-        if stored is None:
-            self.db.put(_META_SHARDS, str(shards).encode())
-        elif int(stored) != shards:
+        with rocksdb_errors():
+            self.db = _open(self.path)
+            stored = self.db.get(_META_SHARDS)
+            if stored is None:
+                self.db.put(_META_SHARDS, str(shards).encode())
+        if stored is not None and int(stored) != shards:
             self.db.close()
             raise ShardCountMismatch(
                 f"FANOUT_MAILBOX_SHARDS={shards}, but the mailbox at {self.path} was written with {int(stored)} "
@@ -126,7 +162,13 @@ class RocksMailbox:
             wb.put(self._prefix(tenant, u) + posb, _VAL.pack(refs.seq, flags) + cid)
         written = refs.pos if self._written is None else max(self._written, refs.pos)
         wb.put(_META_WRITTEN, _POS.pack(written))
-        self.db.write(wb, self._wo)
+        try:
+            self.db.write(wb, self._wo)
+        except Exception as exc:
+            error = storage_error(exc)
+            if error is None:
+                raise
+            raise error from exc
         self._written = written
         return n
 
@@ -157,20 +199,25 @@ class RocksMailbox:
         db = self.db
         if db is None:  # being reopened after a storage failure (the caller answers UNAVAILABLE)
             raise OSError(errno.EIO, f"mailbox store {self.path} is being reopened after an I/O error")
-        it = db.iter(ro)
-        it.seek(prefix + _POS.pack(after + 1))
         n = len(prefix)
         out: list[MailboxEntry] = []
-        while it.valid() and len(out) < limit:
-            k, v = it.key(), it.value()
-            seq, flags = _VAL.unpack_from(v)
-            out.append((user_id, _POS.unpack_from(k, n)[0], seq, v[9:].decode(), flags))
-            it.next()
-        del it
+        with rocksdb_errors():
+            it = db.iter(ro)
+            it.seek(prefix + _POS.pack(after + 1))
+            while it.valid() and len(out) < limit:
+                k, v = it.key(), it.value()
+                seq, flags = _VAL.unpack_from(v)
+                out.append((user_id, _POS.unpack_from(k, n)[0], seq, v[9:].decode(), flags))
+                it.next()
+            del it
         return out
 
     def all_entries(self) -> Iterator[tuple[str, str, int, int, str, int]]:
         """(tenant, user_id, pos, conversation_seq, conversation_id, flags) in key order."""
+        with rocksdb_errors():
+            yield from self._entries()
+
+    def _entries(self) -> Iterator[tuple[str, str, int, int, str, int]]:
         it = self.db.iter()
         it.seek_to_first()
         while it.valid():
@@ -206,8 +253,9 @@ class RocksMailbox:
             if self.db is not None:
                 self.db.close()
             self.db = None
-            self.db = _open(self.path)
-            self._written = _written(self.db)
+            with rocksdb_errors():
+                self.db = _open(self.path)
+                self._written = _written(self.db)
 
     def close(self) -> None:
         with self._lock:

@@ -10,9 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from adapters.sqlite.connect import connect
+from adapters.sqlite.errors import sqlite_boundary
 from projections.ports import MailboxEntry, MessageRefs
 
 
+@sqlite_boundary
 class SqliteMailbox:
     """UserMailboxEntry in SQLite: key (tenant, user_id, pos), a user-ordered B-tree.
     The slower alternative (docs/adr/0004-mailbox-store.md), kept behind the same
@@ -54,7 +56,8 @@ class SqliteMailbox:
             )
             con.execute("COMMIT")
         except BaseException:
-            con.execute("ROLLBACK")
+            if con.in_transaction:  # SQLite may have rolled it back (a full disk)
+                con.execute("ROLLBACK")
             raise
         return n
 

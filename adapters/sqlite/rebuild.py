@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from adapters.sqlite.errors import sqlite_boundary
 from projections.ports import ALL_TARGETS, AsideProgress, MailboxStore, StaleAside, StoreDiff, Swapped, ViewStore
 from projections.rows import DELIVERY_KEY, DELIVERY_RUNTIME
 
@@ -52,6 +53,7 @@ RUNTIME_COLUMNS = {"delivery": DELIVERY_RUNTIME}
 TRACKED = "delivery"  # the projection whose position says how far the views are
 
 
+@sqlite_boundary
 class SqliteAsideBuilds:
     tables: tuple[str, ...] = (*TABLES, "mailbox")
 
@@ -161,7 +163,8 @@ class SqliteAsideBuilds:
                         _carry_runtime_facts(con, "delivery", "temp.old_delivery")
                 con.execute("COMMIT")
             except BaseException:
-                con.execute("ROLLBACK")
+                if con.in_transaction:  # SQLite may have rolled it back (a full disk)
+                    con.execute("ROLLBACK")
                 raise
 
     def diff(self, name: str, limit: int, progress: AsideProgress | None = None) -> StoreDiff:

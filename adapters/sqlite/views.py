@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from adapters.sqlite.connect import READ_POOL_SIZE, ReadPool, connect
+from adapters.sqlite.errors import sqlite_boundary
 from adapters.sqlite.schema import migrate_views
 from adapters.sqlite.writer import SqliteWriter
 from projections.ports import ALL_TARGETS as ALL_TARGETS  # the targets a unit of work writes
@@ -39,8 +40,10 @@ def _no_step(_name: str) -> None:
     pass
 
 
+@sqlite_boundary
 class SqliteViews:
-    """The views database plus the mailbox store; one writer, many readers."""
+    """The views database plus the mailbox store; one writer, many readers. SQLite's errors
+    are raised as the port errors (errors.py)."""
 
     atomic_units = True  # one SQLite transaction (the mailbox's idempotent entries ahead of it)
 
@@ -94,7 +97,8 @@ class SqliteViews:
                 w.finish(now if now is not None else time.time())
                 con.execute("COMMIT")
             except BaseException:
-                con.execute("ROLLBACK")
+                if con.in_transaction:  # a full disk or an I/O error may have rolled it back already
+                    con.execute("ROLLBACK")
                 raise
 
     def compare_and_put_capacity(self, name: str, expected: dict[str, Any] | None, body: dict[str, Any]) -> bool:
@@ -111,7 +115,8 @@ class SqliteViews:
                 con.execute("COMMIT")
                 return True
             except BaseException:
-                con.execute("ROLLBACK")
+                if con.in_transaction:  # SQLite may have rolled it back (a full disk)
+                    con.execute("ROLLBACK")
                 raise
 
     def record_pushes(self, tenant: str, conversation_id: str, seq: int, pushes: int) -> None:

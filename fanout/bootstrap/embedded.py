@@ -16,7 +16,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from eventsourcing.utils import get_topic
+
 from adapters.rocksdb.mailbox import RocksMailbox, ShardCountMismatch
+from adapters.sqlite.event_store import SqliteEventStoreFactory
 from adapters.sqlite.views import SqliteViews
 from domain.params import Parameters
 from fanout.application import FanoutApplication
@@ -92,9 +95,10 @@ class DataDirLock:
 
 
 def sqlite_event_store(data_dir: Path) -> dict[str, str]:
-    """eventsourcing's environment for the SQLite event store of a data dir."""
+    """eventsourcing's environment for the SQLite event store of a data dir (its recorders
+    raise the port errors: adapters/sqlite/event_store.py)."""
     return {
-        "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+        "PERSISTENCE_MODULE": get_topic(SqliteEventStoreFactory),
         "SQLITE_DBNAME": str(data_dir / "events.sqlite"),
         "SQLITE_LOCK_TIMEOUT": "30",
     }

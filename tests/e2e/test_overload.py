@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 
 from api.keys import SOCKETS
+from projections.errors import StorageFull
 from projections.ports import MessageRefs
 from tests.e2e.conftest import FAST, Api, Reply, Server, conversation, eventually, expect, serving
 
@@ -72,10 +73,8 @@ async def test_a_projector_that_cannot_write_refuses_sends_until_space_returns(
 
             mailbox = server.runtime.views.mailbox
 
-            def full(tenant: str, refs: MessageRefs) -> int:  # what RocksDB raises on a full disk
-                raise Exception(
-                    f"IO error: While appending to file: {mailbox.path}/000004.log: No space left on device"
-                )
+            def full(tenant: str, refs: MessageRefs) -> int:  # what the RocksDB store raises on a full disk
+                raise StorageFull(f"IO error: While appending to file: {mailbox.path}/000004.log: No space left on device")
 
             monkeypatch.setattr(mailbox, "write", full)
             # Accepted before anything could know: the event is durable, its fan-out waits.
