@@ -33,6 +33,7 @@ from domain.params import Parameters
 from fanout.application import FanoutApplication
 from fanout.bootstrap import postgres_event_store
 from fanout.clock import FakeClock
+from fanout.config import RelayOptions
 from fanout.urls import kafka_settings
 from streams.relay import Relay
 
@@ -104,7 +105,8 @@ def measure(
         topic=topic,
         partitions=partitions,
         batch=batch,
-        commit_interval=0.02 if batch > 1 else 0,
+        commit_interval=RelayOptions().commit_interval if batch > 1 else 0,
+        log_interval=RelayOptions().log_interval,
     )
     t0 = time.perf_counter()
     relay.start()

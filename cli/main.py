@@ -16,17 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from domain.errors import FanoutError
-from fanout.bootstrap import DataDirBusy, ShardCountMismatch, StoreLayoutError
-from fanout.bootstrap.power_loss import AheadOfTheLog
-from fanout.config import ConfigError, EngineUnavailable, Settings, load_settings, parse_duration
-from fanout.overload import startup_error
-
-PROG = "fanout"
-
-
-class CliError(RuntimeError):
-    """A failure the user can fix: printed as one line, exit 2."""
+from cli.exits import PROG, CliError, exit_code
+from fanout.config import Settings, load_settings, parse_duration
 
 
 def strict_dumps(value: Any, **kwargs: Any) -> str:
@@ -449,34 +440,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     data_dir = Path(args.data_dir or ".")
     try:
-        settings = load_settings(config_file=args.config)
-        data_dir = Path(args.data_dir) if args.data_dir else settings.data_dir
+        # the worker's and the relay's engines are checked as theirs (cli/worker.py, cli/relay.py)
+        settings = load_settings(config_file=args.config, role=getattr(args, "role", "runtime"), data_dir=args.data_dir)
+        data_dir = settings.data_dir
         return int(args.func(args, settings, data_dir))
-    except (
-        ConfigError,
-        DataDirBusy,
-        CliError,
-        ShardCountMismatch,
-        StoreLayoutError,
-        EngineUnavailable,
-        AheadOfTheLog,
-    ) as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
-    except FanoutError as exc:  # e.g. a claim the token refuses
-        print(f"{PROG}: error: {exc.code}: {exc.message}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:  # e.g. `fanout replay | head`
-        sys.stderr.close()
-        return 0
-    except Exception as exc:  # a full disk or an unwritable data dir: one line, no traceback (ADR-0010)
-        message = startup_error(data_dir, exc)
-        if message is None:
+    except BaseException as exc:  # one line and the exit code of cli/exits.py, or a bug's traceback
+        code = exit_code(exc, data_dir)
+        if code is None:
             raise
-        print(f"{PROG}: error: {message}", file=sys.stderr)
-        return 2
+        return code
 
 
 if __name__ == "__main__":

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import textwrap
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
+
+from fanout.config import ConfigError, ProcessFailed, RelayOptions, Settings
 
 PROG = "fanout"
 
@@ -40,18 +42,26 @@ EPILOG = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch", type=int, default=500, help="most events per Kafka transaction (default 500)")
+    d = RelayOptions()  # the defaults, written once (fanout/config.py)
+    p.add_argument("--batch", type=int, default=d.batch, help=f"most events per Kafka transaction (default {d.batch})")
     p.add_argument(
         "--commit-interval-ms",
         type=float,
-        default=20.0,
+        default=d.commit_interval * 1000.0,
         help="group commit: a Kafka transaction begins at most this often, in ms, with every event that queued "
-        "meanwhile (default 20; a lone event after a quiet spell goes at once; 0 = a transaction per wake-up)",
+        f"meanwhile (default {d.commit_interval * 1000.0:g}; a lone event after a quiet spell goes at once; "
+        "0 = a transaction per wake-up)",
     )
-    p.add_argument("--log-interval", type=float, default=5.0, help="seconds between progress lines (default 5)")
+    p.add_argument(
+        "--log-interval",
+        type=float,
+        default=d.log_interval,
+        help=f"seconds between progress lines (default {d.log_interval:g})",
+    )
     p.add_argument(
         "--transactional-id",
         metavar="ID",
+        default=d.transactional_id,
         help="Kafka transactional id (default fanout-relay.<topic>: a second relay of the topic fences the first)",
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress lines (errors only)")
@@ -69,18 +79,14 @@ def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ())
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(p)
-    p.set_defaults(func=cmd_relay)
+    p.set_defaults(func=cmd_relay, role="relay")
     return p
 
 
-def cmd_relay(args: argparse.Namespace, settings: Any = None, data_dir: Any = None) -> int:
-    """cli/main.py's calling convention (settings and data dir are not used: the relay's
-    whole configuration is FANOUT_EVENT_STORE and FANOUT_LOG)."""
-    return run(args)
-
-
-def run(args: argparse.Namespace) -> int:
-    from fanout.bootstrap.relay import RelayExit
+def cmd_relay(args: argparse.Namespace, settings: Settings, data_dir: Any = None) -> int:
+    """cli/main.py's calling convention: `settings` loaded for the relay (`load_settings(
+    role="relay")`: FANOUT_EVENT_STORE and FANOUT_LOG; the data dir is not used)."""
+    from cli.exits import exit_code
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr)
@@ -91,22 +97,32 @@ def run(args: argparse.Namespace) -> int:
     rdkafka = logging.getLogger("fanout.relay.rdkafka")
     rdkafka.setLevel(logging.CRITICAL if not args.verbose else logging.DEBUG)
     try:
-        return _run(args, rdkafka)
-    except RelayExit as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr, flush=True)
-        return exc.code
+        return _run(replace(settings, relay=options(args)), rdkafka)
+    except Exception as exc:
+        code = exit_code(exc, engine_down=1)  # an engine that does not answer: exit 1 (the module doc)
+        if code is None:
+            raise
+        return code
 
 
-def _run(args: argparse.Namespace, rdkafka: logging.Logger) -> int:
-    from fanout.bootstrap.relay import RelayExit, RelayOptions, bootstrap_relay
-
-    options = RelayOptions(
+def options(args: argparse.Namespace) -> RelayOptions:
+    """The command line's knobs (a bad one is a ConfigError naming its flag)."""
+    if args.batch < 1:
+        raise ConfigError("--batch must be at least 1")
+    if not args.commit_interval_ms >= 0:
+        raise ConfigError("--commit-interval-ms must be 0 or more")
+    return RelayOptions(
         batch=args.batch,
         commit_interval=args.commit_interval_ms / 1000.0,
         log_interval=args.log_interval,
         transactional_id=args.transactional_id,
     )
-    process = bootstrap_relay(os.environ, options, kafka_logger=rdkafka)
+
+
+def _run(settings: Settings, rdkafka: logging.Logger) -> int:
+    from fanout.bootstrap.relay import bootstrap_relay
+
+    process = bootstrap_relay(settings, kafka_logger=rdkafka)
 
     def stop(signum: int, _frame: Any) -> None:
         process.stop()
@@ -114,11 +130,11 @@ def _run(args: argparse.Namespace, rdkafka: logging.Logger) -> int:
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         process.run()
-    except RelayExit:
+    except ProcessFailed:
         raise
     except Exception as exc:  # unexpected: one line; the traceback with --verbose
         logging.getLogger("fanout.relay").debug("relay failed", exc_info=True)
-        raise RelayExit(f"the relay failed: {type(exc).__name__}: {exc}", 1) from None
+        raise ProcessFailed(f"the relay failed: {type(exc).__name__}: {exc}") from None
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
@@ -127,6 +143,9 @@ def _run(args: argparse.Namespace, rdkafka: logging.Logger) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from cli.exits import exit_code
+    from fanout.config import load_settings
+
     parser = argparse.ArgumentParser(
         prog=f"{PROG} relay",
         description=DESCRIPTION,
@@ -135,7 +154,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_arguments(parser)
     args = parser.parse_args(list(argv) if argv is not None else None)
-    return run(args)
+    try:
+        options(args)  # the flags first, then the settings (as the relay has always said them)
+        settings = load_settings(role="relay")
+    except ConfigError as exc:
+        return exit_code(exc) or 2
+    return cmd_relay(args, settings)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from fanout.config import Settings, WorkerOptions
 
 PROG = "fanout worker"
 
@@ -39,28 +41,38 @@ EXAMPLE = "fanout worker --web-port 6066   # with FANOUT_EVENT_STORE, FANOUT_LOG
 
 
 def configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--web-port", type=int, default=0, help="Faust's web server port on 127.0.0.1 (default: a free one)")
-    p.add_argument("--app-id", metavar="ID", help="the Faust app id = consumer group (default fanout-worker.<topic>)")
-    p.add_argument("--batch", type=int, default=500, help="events taken per batch (default 500)")
-    p.add_argument("--within", type=float, default=0.05, help="seconds a batch waits for more events (default 0.05)")
+    d = WorkerOptions()  # the defaults, written once (fanout/config.py)
+    p.add_argument(
+        "--web-port", type=int, default=d.web_port, help="Faust's web server port on 127.0.0.1 (default: a free one)"
+    )
+    p.add_argument(
+        "--app-id",
+        metavar="ID",
+        default=d.app_id,
+        help="the Faust app id = consumer group (default fanout-worker.<topic>)",
+    )
+    p.add_argument("--batch", type=int, default=d.batch, help=f"events taken per batch (default {d.batch})")
+    p.add_argument(
+        "--within", type=float, default=d.within, help=f"seconds a batch waits for more events (default {d.within})"
+    )
     p.add_argument(
         "--unit-events",
         type=int,
-        default=4000,
+        default=d.unit_events,
         help="events one unit of work may gather from full batches while the log is ahead of the worker "
-        "(default 4000; the --batch size turns it off)",
+        f"(default {d.unit_events}; the --batch size turns it off)",
     )
     p.add_argument(
         "--gather-for",
         type=float,
-        default=1.0,
-        help="seconds a unit may spend gathering full batches (default 1.0)",
+        default=d.gather_for,
+        help=f"seconds a unit may spend gathering full batches (default {d.gather_for})",
     )
     p.add_argument(
         "--session-timeout",
         type=float,
-        default=10.0,
-        help="seconds before a dead worker's partitions move (default 10)",
+        default=d.session_timeout,
+        help=f"seconds before a dead worker's partitions move (default {d.session_timeout:g})",
     )
     p.add_argument("--loglevel", default="info", choices=["debug", "info", "warning", "error"], help="(default info)")
     return p
@@ -77,7 +89,7 @@ def add_parser(subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ())
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     configure(p)
-    p.set_defaults(func=cmd_worker)
+    p.set_defaults(func=cmd_worker, role="worker")
     return p
 
 
@@ -96,29 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
 # -- the command ----------------------------------------------------------------------------
 
 
-def _params(config: str | None) -> Any:
-    """The ADR parameters from the FANOUT_ settings. The engine URLs are parsed by the
-    composition root: the settings loader is asked for the parameters only."""
-    from fanout.config import load_settings
-
-    env = {**os.environ, "FANOUT_EVENT_STORE": "sqlite", "FANOUT_LOG": "embedded", "FANOUT_VIEWS": "sqlite"}
-    return load_settings(env, config_file=config).params
-
-
-def cmd_worker(args: argparse.Namespace, settings: Any = None, data_dir: Path | None = None) -> int:
-    from fanout.bootstrap.worker import WorkerOptions, bootstrap_worker
-
-    env = os.environ
-    params = settings.params if settings is not None else _params(getattr(args, "config", None))
-    data = (
-        getattr(args, "data_dir", None)
-        or (str(data_dir) if data_dir is not None else None)
-        or env.get("FANOUT_DATA_DIR")
-    )
-    logging.basicConfig(
-        level=args.loglevel.upper(), format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s"
-    )
-    options = WorkerOptions(
+def options(args: argparse.Namespace) -> WorkerOptions:
+    return WorkerOptions(
         app_id=args.app_id,
         web_port=args.web_port,
         batch=args.batch,
@@ -127,7 +118,17 @@ def cmd_worker(args: argparse.Namespace, settings: Any = None, data_dir: Path | 
         gather_for=args.gather_for,
         session_timeout=args.session_timeout,
     )
-    process = bootstrap_worker(env, params, options, data)
+
+
+def cmd_worker(args: argparse.Namespace, settings: Settings, data_dir: Path) -> int:
+    """`settings` loaded for a worker (`load_settings(role="worker")`), the data dir of
+    FANOUT_VIEWS=sqlite (--data-dir or FANOUT_DATA_DIR)."""
+    from fanout.bootstrap.worker import bootstrap_worker
+
+    logging.basicConfig(
+        level=args.loglevel.upper(), format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s"
+    )
+    process = bootstrap_worker(replace(settings, data_dir=data_dir, worker=options(args)))
     try:
         print(f"fanout: {process.description}", flush=True)
         code = process.run(args.loglevel)
@@ -143,17 +144,18 @@ def cmd_worker(args: argparse.Namespace, settings: Any = None, data_dir: Path | 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from fanout.bootstrap import DataDirBusy
-    from fanout.config import ConfigError, EngineUnavailable
+    from cli.exits import exit_code
+    from fanout.config import load_settings
 
     args = build_parser().parse_args(argv)
     try:
-        return cmd_worker(args)
-    except (ConfigError, EngineUnavailable, DataDirBusy, OSError) as exc:
-        print(f"fanout: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+        settings = load_settings(config_file=args.config, role="worker", data_dir=args.data_dir)
+        return cmd_worker(args, settings, settings.data_dir)
+    except BaseException as exc:
+        code = exit_code(exc)
+        if code is None:
+            raise
+        return code
 
 
 if __name__ == "__main__":

@@ -1,5 +1,10 @@
 """Settings (SPEC section 8): every parameter from FANOUT_<NAME>, or a TOML config
-file with the same names. A bad value stops start-up with a message naming it."""
+file with the same names. A bad value stops start-up with a message naming it.
+
+One `Settings` for every process kind (`fanout serve` and the tools, `fanout worker`,
+`fanout relay`): the engines, the ADR parameters, and the worker's and the relay's command-line
+knobs (`WorkerOptions`, `RelayOptions`: their defaults are written here only; the commands'
+flags default to them). Each composition root (`fanout/bootstrap/`) takes it whole."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from domain.params import Parameters, Rate
 from fanout import urls
@@ -22,6 +27,11 @@ class ConfigError(ValueError):
 class EngineUnavailable(RuntimeError):
     """An engine the settings name cannot be used at start-up (a missing database, a server
     that does not answer): the operator can fix it; the commands print it as one line."""
+
+
+class ProcessFailed(RuntimeError):
+    """A process that started cannot go on (the relay fenced by a newer one, Kafka refusing
+    its transactions): one line, exit 1 (cli/exits.py)."""
 
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
@@ -140,6 +150,29 @@ _PARAMS: dict[str, tuple[Callable[[str], Any], Callable[[Any], dict[str, Any]]]]
 
 
 @dataclass(frozen=True)
+class WorkerOptions:
+    """A projection worker's knobs (`fanout worker --help`, streams/worker.py)."""
+
+    app_id: str | None = None  # the Faust app id = the consumer group; None: fanout-worker.<topic>
+    web_port: int = 0  # Faust's web server on 127.0.0.1; 0: a free port
+    batch: int = 500  # events per take
+    within: float = 0.05  # seconds a take waits for more
+    unit_events: int = 4000  # events a unit may gather from full takes while the log is ahead (ADR-0052)
+    gather_for: float = 1.0  # seconds a unit may spend gathering them
+    session_timeout: float = 10.0  # seconds before a dead worker's partitions move
+
+
+@dataclass(frozen=True)
+class RelayOptions:
+    """The relay's knobs (`fanout relay --help`, streams/relay.py)."""
+
+    batch: int = 500  # most events per Kafka transaction
+    commit_interval: float = 0.02  # seconds: a transaction begins at most this often (group commit)
+    log_interval: float = 5.0  # seconds between progress lines
+    transactional_id: str | None = None  # None: fanout-relay.<topic> (a second relay fences the first)
+
+
+@dataclass(frozen=True)
 class Settings:
     params: Parameters
     data_dir: Path
@@ -147,6 +180,8 @@ class Settings:
     log: str
     views: str
     secret: str | None
+    worker: WorkerOptions = WorkerOptions()
+    relay: RelayOptions = RelayOptions()
 
     @classmethod
     def embedded(cls, data_dir: Path | str, params: Parameters | None = None) -> Settings:
@@ -155,7 +190,23 @@ class Settings:
         return cls(params or Parameters(), Path(data_dir), *EMBEDDED, None)
 
 
-def load_settings(env: Mapping[str, str] | None = None, config_file: str | None = None) -> Settings:
+# What a process of each kind needs of the engine settings (load_settings' `role`).
+Role = Literal["runtime", "worker", "relay"]
+
+
+def load_settings(
+    env: Mapping[str, str] | None = None,
+    config_file: str | None = None,
+    *,
+    role: Role = "runtime",
+    data_dir: Path | str | None = None,
+) -> Settings:
+    """The settings of `env` (default the process's environment) and the config file
+    (`config_file`, else FANOUT_CONFIG). `role` says which engines are checked: "runtime"
+    (serve and the tools) the embedded or the distributed triple (`check_engines`);
+    "worker" PostgreSQL, Kafka and Cassandra or a data dir's SQLite views (`check_worker`);
+    "relay" PostgreSQL and Kafka (`check_relay`). `data_dir` (a --data-dir flag) stands
+    before FANOUT_DATA_DIR."""
     env = dict(os.environ if env is None else env)
     values: dict[str, str] = {}
     path = config_file or env.get("FANOUT_CONFIG")
@@ -180,11 +231,18 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | None 
     if params.small_max_members >= params.medium_max_members:
         raise ConfigError("FANOUT_SMALL_MAX_MEMBERS must be below FANOUT_MEDIUM_MAX_MEMBERS")
 
-    data_dir = Path(values.get("FANOUT_DATA_DIR", "./data"))
-    event_store = values.get("FANOUT_EVENT_STORE", "sqlite")
-    log = values.get("FANOUT_LOG", "embedded")
-    views = values.get("FANOUT_VIEWS", "sqlite")
-    check_engines(event_store, log, views)
+    given = {k: values.get(f"FANOUT_{k}", "") for k in ("EVENT_STORE", "LOG", "VIEWS")}
+    if role == "relay":
+        given = {k: v.strip() for k, v in given.items()}
+    if role == "worker":
+        check_worker(given["EVENT_STORE"], given["LOG"], given["VIEWS"])
+        if given["VIEWS"] == "sqlite" and data_dir is None and "FANOUT_DATA_DIR" not in values:
+            raise ConfigError("FANOUT_VIEWS=sqlite needs --data-dir or FANOUT_DATA_DIR")
+    elif role == "relay":
+        check_relay(given["EVENT_STORE"], given["LOG"])
+    event_store, log, views = (given[k] or embedded for k, embedded in zip(given, EMBEDDED, strict=True))
+    if role == "runtime":
+        check_engines(event_store, log, views)
     unknown = sorted(
         k
         for k in values
@@ -196,7 +254,8 @@ def load_settings(env: Mapping[str, str] | None = None, config_file: str | None 
     )
     if unknown:
         raise ConfigError(f"unknown setting {unknown[0]}; known: {', '.join('FANOUT_' + n for n in _PARAMS)}")
-    return Settings(params, data_dir, event_store, log, views, values.get("FANOUT_SECRET"))
+    where = Path(data_dir) if data_dir is not None else Path(values.get("FANOUT_DATA_DIR", "./data"))
+    return Settings(params, where, event_store, log, views, values.get("FANOUT_SECRET"))
 
 
 EMBEDDED = ("sqlite", "embedded", "sqlite")
@@ -224,6 +283,41 @@ def check_engines(event_store: str, log: str, views: str) -> None:
             parse(value)
         except urls.UrlError as exc:
             raise ConfigError(str(exc)) from None
+
+
+def check_worker(event_store: str, log: str, views: str) -> None:
+    """A projection worker's engines: the PostgreSQL event store (to decode the records and
+    open reviews), the Kafka log, and the Cassandra views or `sqlite` (a data dir's views,
+    for a single worker); each URL well formed."""
+    if not event_store.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(
+            f"FANOUT_EVENT_STORE={event_store!r}: the worker needs the PostgreSQL event store (postgresql://...)"
+        )
+    try:
+        urls.kafka_settings(log)
+        if views.startswith("cassandra://"):
+            urls.cassandra_settings(views)
+        elif views != "sqlite":
+            raise ConfigError(f"FANOUT_VIEWS={views!r}: expected a cassandra:// URL or sqlite")
+        urls.postgres_env(event_store)
+    except urls.UrlError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def check_relay(event_store: str, log: str) -> None:
+    """The relay's engines: the PostgreSQL event store it follows and the Kafka log it
+    writes, both set and well formed (FANOUT_VIEWS is not its business)."""
+    for key, value, example in (
+        ("FANOUT_EVENT_STORE", event_store, "postgresql://user@host:5432/dbname"),
+        ("FANOUT_LOG", log, "kafka://host:9092"),
+    ):
+        if not value.strip():
+            raise ConfigError(f"{key} is not set; the relay needs it, e.g. {key}={example}")
+    try:
+        urls.postgres_env(event_store.strip())
+        urls.kafka_settings(log.strip())
+    except urls.UrlError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def is_distributed(settings: Settings) -> bool:

@@ -171,14 +171,16 @@ class Relay:
         replication: int = 1,
         min_insync: int = 0,
         transactional_id: str | None = None,
-        batch: int = 500,
-        commit_interval: float = 0.02,
-        log_interval: float = 5.0,
+        batch: int,
+        commit_interval: float,
+        log_interval: float,
         transaction_timeout: float = 60.0,
         kafka_logger: logging.Logger | None = None,
         relayed_topics: frozenset[str] | None = None,
     ) -> None:
-        """`relayed_topics`: publish only the events of these stored topics (None: every event)."""
+        """`batch`, `commit_interval` and `log_interval` are `fanout relay`'s knobs (their
+        defaults: fanout/config.py RelayOptions); `relayed_topics`: publish only the events of
+        these stored topics (None: every event)."""
         if not isinstance(app.recorder, PostgresApplicationRecorder):
             raise TypeError(
                 f"the relay follows a PostgreSQL event store; this application has {type(app.recorder).__name__}"

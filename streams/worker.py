@@ -155,25 +155,33 @@ class Applier:
 # -- Faust ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkerSettings:
+    """The knobs of `fanout worker` are fanout/config.py WorkerOptions (their defaults are
+    written there); the composition root hands them in with FANOUT_LOG's."""
+
     brokers: str  # host:port[,host:port]
     topic: str  # the event topic (it exists: the composition root ensures it, streams/kafka.py)
-    replication: int = 1  # FANOUT_LOG's: Faust's topic_replication_factor
-    app_id: str | None = None  # the consumer group; default fanout-worker.<topic>
-    web_port: int = 0  # Faust's web server on 127.0.0.1; 0: a free port
+    replication: int  # FANOUT_LOG's: Faust's topic_replication_factor
+    app_id: str | None  # the consumer group; None: worker_group(topic)
+    web_port: int  # Faust's web server on 127.0.0.1; 0: a free port
+    batch: int  # events per take
+    within: float  # seconds a take waits for more
+    unit_events: int  # events a unit may gather from full takes while the log is behind (ADR-0052)
+    gather_for: float  # seconds a unit may spend gathering them
+    session_timeout: float  # a dead worker's partitions move after this
     datadir: Path | None = None  # Faust's data dir (nothing durable is kept there); default a temp dir
-    batch: int = 500  # events per take
-    within: float = 0.05  # seconds a take waits for more
-    unit_events: int = 4000  # events a unit may gather from full takes while the log is behind (ADR-0052)
-    gather_for: float = 1.0  # seconds a unit may spend gathering them
-    session_timeout: float = 10.0  # a dead worker's partitions move after this
     heartbeat: float = 1.0
     max_entries_per_commit: int = 200_000
 
     @property
     def group(self) -> str:
-        return self.app_id or f"fanout-worker.{self.topic}"
+        return self.app_id or worker_group(self.topic)
+
+
+def worker_group(topic: str) -> str:
+    """The consumer group of the workers of an event topic (when no --app-id names another)."""
+    return f"fanout-worker.{topic}"
 
 
 def gathers_more(took: int, waiting: int, gathered: int, waited: float, settings: WorkerSettings) -> bool:

@@ -156,7 +156,7 @@ def worker_group_members(settings: Settings) -> int:
     """Processes in the projection workers' consumer group of FANOUT_LOG's topic (0: none):
     what `fanout rebuild` asks before it merges (a member may still write, heartbeat or not)."""
     from streams.kafka import consumer_group_members
-    from streams.worker import WorkerSettings
+    from streams.worker import worker_group
 
     kafka = kafka_settings(settings.log)
-    return consumer_group_members(kafka.brokers, WorkerSettings(kafka.brokers, kafka.topic).group)
+    return consumer_group_members(kafka.brokers, worker_group(kafka.topic))

@@ -2,9 +2,11 @@
 the event topic (`streams/worker.py`), hosting the projections over the views (Cassandra,
 or the SQLite views of one data dir for a single worker), publishing pushes and heartbeats
 to `<topic>.pushes` and opening the reviews its capacity projection triggers
-(`fanout/effects.py`). `cli/worker.py` parses the command line and calls `bootstrap_worker`.
+(`fanout/effects.py`). `cli/worker.py` loads the settings (`load_settings(role="worker")`: the
+engine URLs checked there, the command line's knobs in `Settings.worker`) and calls
+`bootstrap_worker`.
 
-Every failure the operator can fix at start-up is a `WorkerError`: one line naming the
+An engine that does not answer at start-up is an `EngineUnavailable`: one line naming the
 setting and what to do."""
 
 from __future__ import annotations
@@ -13,23 +15,30 @@ import gc
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from eventsourcing.persistence import Mapper
 
 from adapters.postgres.connect import EventStoreUnavailable, check_event_store
-from domain.params import Parameters
 from fanout.application import FanoutApplication
 from fanout.bootstrap.embedded import DataDirLock, open_mailbox, open_views
 from fanout.bootstrap.event_store import postgres_event_store
 from fanout.bootstrap.replica import open_cassandra_views
-from fanout.config import EngineUnavailable
+from fanout.config import EngineUnavailable, Settings
 from fanout.effects import Effects, open_review
 from fanout.rereview import MailboxMeter
-from fanout.urls import UrlError, cassandra_settings, kafka_settings, postgres_env
+from fanout.urls import cassandra_settings, kafka_settings
 from projections.capacity import ReviewTrigger
 from projections.ports import ViewStore
+
+if TYPE_CHECKING:  # Faust and Kafka's client are imported when the worker is built
+    from streams.kafka_health import KafkaHealth
+    from streams.records import EventRecord
+    from streams.worker import ProjectionWorker
 
 log = logging.getLogger("fanout.worker")
 
@@ -48,34 +57,21 @@ def tune_collector() -> None:
     gc.set_threshold(*COLLECTOR_THRESHOLDS)
 
 
-class WorkerError(EngineUnavailable):
-    """A failure the operator can fix: one line, exit 2."""
-
-
-@dataclass(frozen=True)
-class WorkerOptions:
-    """The command line's knobs (`fanout worker --help`)."""
-
-    app_id: str | None = None
-    web_port: int = 0
-    batch: int = 500
-    within: float = 0.05
-    unit_events: int = 4000  # ADR-0052
-    gather_for: float = 1.0
-    session_timeout: float = 10.0
-
-
 class WorkerProcess:
-    """A built worker: `run()` until SIGINT/SIGTERM, then `close()` (always)."""
+    """A built worker: `run()` until SIGINT/SIGTERM, then `close()` (always: it runs
+    `closers`, what the root opened, in reverse)."""
 
-    def __init__(self) -> None:
-        self.worker: Any = None
-        self.description = ""
-        self.health: Any = None
-        self._closers: list[Callable[[], Any]] = []
-
-    def on_close(self, close: Callable[[], Any]) -> None:
-        self._closers.append(close)
+    def __init__(
+        self,
+        worker: ProjectionWorker,
+        health: KafkaHealth,
+        description: str,
+        closers: list[Callable[[], Any]],
+    ) -> None:
+        self.worker = worker
+        self.health = health
+        self.description = description
+        self._closers = closers
 
     def run(self, loglevel: str) -> int:
         self.health.unmute()
@@ -90,12 +86,17 @@ class WorkerProcess:
         return self.worker.host.stats
 
     def close(self) -> None:
-        for close in reversed(self._closers):
-            try:
-                close()
-            except Exception:
-                log.exception("closing failed")
-        self._closers.clear()
+        close_all(self._closers)
+
+
+def close_all(closers: list[Callable[[], Any]]) -> None:
+    """Run every closer, the last opened first; a failing one is logged, the rest still run."""
+    for close in reversed(closers):
+        try:
+            close()
+        except Exception:
+            log.exception("closing failed")
+    closers.clear()
 
 
 def _line(exc: BaseException) -> str:
@@ -110,75 +111,58 @@ def kafka_down(brokers: str, exc: BaseException) -> str:
     )
 
 
-def _open_views(url: str, data_dir: str | None, params: Parameters, partitions: int, built: WorkerProcess) -> ViewStore:
-    if url == "sqlite":
-        if not data_dir:
-            raise WorkerError("FANOUT_VIEWS=sqlite needs --data-dir or FANOUT_DATA_DIR")
-        path = Path(data_dir)
+def domain_event(mapper: Mapper[Any], record: EventRecord) -> Any:
+    """The domain event a record of the event topic carries, decoded by the application's
+    mapper (its transcoder and topics), as the embedded runtime's notification log does."""
+    return mapper.to_domain_event(record.stored_event())
+
+
+def _open_views(settings: Settings, partitions: int, closers: list[Callable[[], Any]]) -> ViewStore:
+    params = settings.params
+    if settings.views == "sqlite":  # one worker over a data dir (load_settings checked it names one)
+        path = settings.data_dir
         path.mkdir(parents=True, exist_ok=True)
         lock = DataDirLock(path)
         lock.acquire()
-        built.on_close(lock.release)
+        closers.append(lock.release)
         # timed: the mailbox layer's unit cost, in the heartbeats (re-review condition 4, ADR-0026)
         return open_views(path, params.mailbox_shards, mailbox=MailboxMeter(open_mailbox(path, params.mailbox_shards)))
     try:
-        return open_cassandra_views(cassandra_settings(url), partitions=partitions)
+        return open_cassandra_views(cassandra_settings(settings.views), partitions=partitions)
     except Exception as exc:
-        raise WorkerError(f"FANOUT_VIEWS: Cassandra at {url} does not answer: {_line(exc)}") from None
+        raise EngineUnavailable(f"FANOUT_VIEWS: Cassandra at {settings.views} does not answer: {_line(exc)}") from None
 
 
-def check_settings(env: Mapping[str, str]) -> None:
-    """The engine URLs a worker needs, checked before any engine is opened."""
-    store_url = env.get("FANOUT_EVENT_STORE", "")
-    if not store_url.startswith(("postgresql://", "postgres://")):
-        raise WorkerError(
-            f"FANOUT_EVENT_STORE={store_url!r}: the worker needs the PostgreSQL event store (postgresql://...)"
-        )
-    try:
-        kafka_settings(env.get("FANOUT_LOG", ""))
-        views_url = env.get("FANOUT_VIEWS", "")
-        if views_url.startswith("cassandra://"):
-            cassandra_settings(views_url)  # a malformed URL stops here, before any engine is opened
-        elif views_url != "sqlite":
-            raise WorkerError(f"FANOUT_VIEWS={views_url!r}: expected a cassandra:// URL or sqlite")
-        postgres_env(store_url)
-    except UrlError as exc:
-        raise WorkerError(str(exc)) from None
-
-
-def bootstrap_worker(
-    env: Mapping[str, str], params: Parameters, options: WorkerOptions, data_dir: str | None = None
-) -> WorkerProcess:
-    """A projection worker over the engines `env` names (FANOUT_EVENT_STORE, FANOUT_LOG,
-    FANOUT_VIEWS); `data_dir` holds the views when FANOUT_VIEWS=sqlite."""
+def bootstrap_worker(settings: Settings) -> WorkerProcess:
+    """A projection worker over the engines the settings name (FANOUT_EVENT_STORE, FANOUT_LOG,
+    FANOUT_VIEWS: `load_settings(role="worker")` checked them), with the knobs of
+    `settings.worker`; the data dir holds the views when FANOUT_VIEWS=sqlite."""
     from confluent_kafka import KafkaException
 
     from streams.kafka import TopicUnavailable, ensure_topic
     from streams.kafka_health import process_health
     from streams.pushes import PushPublisher, pushes_topic
-    from streams.records import MAX_RECORD_BYTES, EventRecord
+    from streams.records import MAX_RECORD_BYTES
     from streams.worker import ProjectionWorker, WorkerSettings
 
-    check_settings(env)
-    kafka = kafka_settings(env["FANOUT_LOG"])
-    views_url = env["FANOUT_VIEWS"]
-    built = WorkerProcess()
+    kafka = kafka_settings(settings.log)
+    closers: list[Callable[[], Any]] = []
     try:
         # Kafka's clients say "unreachable" once and then a summary, not a line per attempt; muted
         # until the worker runs (a start-up failure is this command's one line).
-        built.health = health = process_health(kafka.brokers)
+        health = process_health(kafka.brokers)
         health.muted = True
-        store_env = postgres_event_store(env["FANOUT_EVENT_STORE"])
+        store_env = postgres_event_store(settings.event_store)
         try:
             check_event_store(store_env)  # names the URL and what to do, not "couldn't get a connection"
-            app = FanoutApplication(params, store_env, shared_store=True)  # replicas and workers write too
+            app = FanoutApplication(settings.params, store_env, shared_store=True)  # replicas and workers write too
         except EventStoreUnavailable as exc:
-            raise WorkerError(str(exc)) from None
+            raise EngineUnavailable(str(exc)) from None
         except Exception as exc:
-            raise WorkerError(f"FANOUT_EVENT_STORE: cannot open the event store: {_line(exc)}") from None
-        built.on_close(app.close)
-        views = _open_views(views_url, data_dir, params, kafka.partitions, built)
-        built.on_close(views.close)
+            raise EngineUnavailable(f"FANOUT_EVENT_STORE: cannot open the event store: {_line(exc)}") from None
+        closers.append(app.close)
+        views = _open_views(settings, kafka.partitions, closers)
+        closers.append(views.close)
         try:
             # the event topic, ensured here once per worker process (the worker reads its count)
             ensure_topic(
@@ -199,45 +183,35 @@ def bootstrap_worker(
                 on_delivered=health.reachable,  # a heartbeat acknowledged: Kafka answers
             )
         except (KafkaException, TopicUnavailable) as exc:
-            raise WorkerError(kafka_down(kafka.brokers, exc)) from None
-        built.on_close(publisher.close)
-
-        def to_domain_event(record: EventRecord) -> Any:
-            return app.mapper.to_domain_event(record.stored_event())
-
+            raise EngineUnavailable(kafka_down(kafka.brokers, exc)) from None
+        closers.append(publisher.close)
         # after each committed unit: the worker publishes the pushes (invariant O), then the reviews open
         effects = Effects({ReviewTrigger: [open_review(app)]})
         faust_dir = Path(tempfile.mkdtemp(prefix="fanout-worker-"))
-        built.on_close(lambda: shutil.rmtree(faust_dir, ignore_errors=True))
+        closers.append(partial(shutil.rmtree, faust_dir, ignore_errors=True))
         try:
-            built.worker = ProjectionWorker(
+            worker = ProjectionWorker(
                 WorkerSettings(
                     brokers=kafka.brokers,
                     topic=kafka.topic,
                     replication=kafka.replication,
-                    app_id=options.app_id,
-                    web_port=options.web_port,
                     datadir=faust_dir,
-                    batch=options.batch,
-                    within=options.within,
-                    unit_events=options.unit_events,
-                    gather_for=options.gather_for,
-                    session_timeout=options.session_timeout,
+                    **asdict(settings.worker),  # the command line's knobs (fanout/config.py WorkerOptions)
                 ),
                 views,
-                params,
-                to_domain_event,
+                settings.params,
+                partial(domain_event, app.mapper),
                 effects,
                 beat=publisher.beat,
                 publish=publisher.publish,
             )
         except (KafkaException, TopicUnavailable, LookupError) as exc:
-            raise WorkerError(kafka_down(kafka.brokers, exc)) from None
-        built.description = (
-            f"worker {built.worker.settings.group} consuming {kafka.topic} at {kafka.brokers} (read_committed), "
-            f"pushes to {pushes_topic(kafka.topic)}, views {views_url}"
+            raise EngineUnavailable(kafka_down(kafka.brokers, exc)) from None
+        description = (
+            f"worker {worker.settings.group} consuming {kafka.topic} at {kafka.brokers} (read_committed), "
+            f"pushes to {pushes_topic(kafka.topic)}, views {settings.views}"
         )
-        return built
+        return WorkerProcess(worker, health, description, closers)
     except BaseException:
-        built.close()
+        close_all(closers)
         raise

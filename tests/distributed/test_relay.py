@@ -41,6 +41,7 @@ from domain.tier import Tier
 from fanout.application import FanoutApplication
 from fanout.bootstrap import postgres_event_store
 from fanout.clock import FakeClock
+from fanout.config import RelayOptions
 from fanout.urls import KafkaSettings, kafka_settings
 from projections.hosting import folded_topics
 from streams.positions import PositionUnreadable, position_consumer, relayed_position
@@ -215,13 +216,17 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+DEFAULTS = RelayOptions()  # `fanout relay`'s knobs as the command line leaves them
+
+
 class RelayThread:
     """The relay in this process (its own application on the same database, as the CLI builds it)."""
 
     def __init__(self, env: dict[str, str], k: KafkaSettings, **kw: Any) -> None:
         self.app = FanoutApplication(Parameters(), env)
         kw.setdefault("relayed_topics", RELAYED)
-        self.relay = Relay(self.app, brokers=k.brokers, topic=k.topic, partitions=k.partitions, log_interval=1.0, **kw)
+        knobs = {"batch": DEFAULTS.batch, "commit_interval": DEFAULTS.commit_interval, "log_interval": 1.0, **kw}
+        self.relay = Relay(self.app, brokers=k.brokers, topic=k.topic, partitions=k.partitions, **knobs)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()

@@ -36,7 +36,7 @@ from projections.hosting import PROJECTIONS
 from streams.kafka import ensure_topic
 from streams.pushes import PushSubscriber, ensure_pushes_topic, pushes_topic
 from streams.records import EventRecord, Watermark
-from streams.worker import WorkerSettings
+from streams.worker import worker_group
 from tests.host_log import (
     PARAMS,
     PARTITIONS,
@@ -508,7 +508,7 @@ def test_the_committed_offsets_keep_up_and_a_restarted_worker_reads_nothing_agai
     hundreds of records here (ADR-0044)."""
     notes, _, kafka, relay, data_dir, env = sqlite_worker_setup(fresh_postgres, fresh_kafka, tmp_path, rounds=4)
     top = notes[-1].id
-    group = WorkerSettings(kafka.brokers, kafka.topic).group
+    group = worker_group(kafka.topic)
     worker = WorkerProcess(env, tmp_path / "worker1.log")
     try:
         for i in range(0, len(notes), 5):
@@ -538,7 +538,7 @@ def test_a_worker_behind_gathers_full_takes_into_fewer_units_and_acks_them_all(
     top = notes[-1].id
     relay.send_notes(notes, chunk=20)
     records = len(notes) + PARTITIONS * -(-len(notes) // 20)  # the events and each transaction's watermarks
-    group = WorkerSettings(kafka.brokers, kafka.topic).group
+    group = worker_group(kafka.topic)
     worker = WorkerProcess(env, tmp_path / "worker1.log", "--batch", "5", "--unit-events", "100", "--gather-for", "30")
     try:
         wait_tracked(sqlite_positions(data_dir), top, [worker])
@@ -571,7 +571,7 @@ def test_the_group_never_commits_an_offset_its_views_have_not_applied(
     notes, reference, kafka, relay, data_dir, env = sqlite_worker_setup(fresh_postgres, fresh_kafka, tmp_path, rounds=6)
     top = notes[-1].id
     relay.send_notes(notes, chunk=20)
-    group = WorkerSettings(kafka.brokers, kafka.topic).group
+    group = worker_group(kafka.topic)
     env = {**env, "BROKER_COMMIT_INTERVAL": "0.1"}  # Faust's setting, read from the environment
     worker = WorkerProcess(
         env, tmp_path / "worker1.log", *("--batch", "1", "--unit-events", "1000000", "--gather-for", "60")
@@ -624,7 +624,7 @@ def test_a_group_committed_past_the_views_loses_nothing(fresh_postgres: str, fre
     finally:
         assert worker.stop() == 0, worker.output()[-3000:]
     relay.send_notes(notes[len(half) :])
-    group = WorkerSettings(kafka.brokers, kafka.topic).group
+    group = worker_group(kafka.topic)
     ends = {p: end for p, (_, end) in group_lag(kafka.brokers, kafka.topic, group).items()}
     c = Consumer({"bootstrap.servers": kafka.brokers, "group.id": group, "enable.auto.commit": False})
     try:

@@ -4,12 +4,23 @@ bounds; a worker that keeps up applies every take as it comes."""
 
 from __future__ import annotations
 
+from dataclasses import asdict, replace
+from typing import Any
+
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fanout.config import WorkerOptions
 from streams.worker import WorkerSettings, gathers_more
 
-S = WorkerSettings("127.0.0.1:9092", "events", batch=500, within=0.05, unit_events=4000, gather_for=1.0)
+
+def worker_settings(**knobs: Any) -> WorkerSettings:
+    """The worker's settings with the default knobs but `knobs`."""
+    options = asdict(replace(WorkerOptions(), **knobs))
+    return WorkerSettings(brokers="127.0.0.1:9092", topic="events", replication=1, **options)
+
+
+S = worker_settings(batch=500, within=0.05, unit_events=4000, gather_for=1.0)
 
 
 def test_a_take_that_is_not_full_is_applied_at_once() -> None:
@@ -36,7 +47,7 @@ def test_a_unit_stops_gathering_after_gather_for() -> None:
 
 
 def test_unit_events_equal_to_the_take_turns_gathering_off() -> None:
-    off = WorkerSettings("127.0.0.1:9092", "events", batch=500, unit_events=500)
+    off = worker_settings(batch=500, unit_events=500)
     assert not gathers_more(500, 500, 500, 0.0, off)
 
 
@@ -48,7 +59,7 @@ def test_a_gathered_unit_never_exceeds_unit_events(takes: list[tuple[int, int]],
     """Whatever the takes, the agent's loop (gather while gathers_more) never builds a unit
     larger than unit_events, and every unit but the last ends on a take that was not full or
     at the size bound."""
-    s = WorkerSettings("127.0.0.1:9092", "events", batch=500, unit_events=unit_events)
+    s = worker_settings(batch=500, unit_events=unit_events)
     gathered = 0
     for took, waiting in takes:
         gathered += took
