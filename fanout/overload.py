@@ -24,7 +24,7 @@ from typing import Protocol
 
 from domain.errors import Unavailable
 from projections.errors import StorageError, StorageUnavailable
-from projections.failures import exception_chain, first_line, storage_failure
+from projections.failures import exception_chain, first_line, innermost, storage_failure
 
 log = logging.getLogger("fanout.overload")
 
@@ -43,7 +43,7 @@ def storage_unavailable(exc: BaseException) -> Unavailable | None:
     chain = exception_chain(exc)
     if any(isinstance(e, StorageUnavailable) for e in chain):  # the views' store (Cassandra, ADR-0027)
         return Unavailable(
-            f"the views' store did not answer ({first_line(exc)}); retry later",
+            f"the views' store did not answer ({first_line(innermost(exc))}); retry later",
             reason="storage_error",
             retry_after_ms=STORAGE_RETRY_MS,
         )
@@ -52,7 +52,7 @@ def storage_unavailable(exc: BaseException) -> Unavailable | None:
         return None
     what = "the disk is full" if reason == "storage_full" else "a storage I/O error"
     return Unavailable(
-        f"not written: {what} ({first_line(exc)}); nothing was changed, retry later",
+        f"not written: {what} ({first_line(innermost(exc))}); nothing was changed, retry later",
         reason=reason,
         retry_after_ms=STORAGE_RETRY_MS,
     )
@@ -69,9 +69,9 @@ def startup_error(data_dir: Path, exc: BaseException) -> str | None:
         return None
     os_error = next((e for e in chain if isinstance(e, OSError) and e.filename), None)
     if os_error is not None:
-        where, what = os_error.filename, os_error.strerror or first_line(os_error)
+        where, what = os_error.filename, os_error.strerror or first_line(innermost(os_error))
     else:
-        where, what = data_dir, first_line(exc)
+        where, what = data_dir, first_line(innermost(exc))
     hint = " (the disk is full: free space, then start again)" if reason == "storage_full" else ""
     return f"cannot use {where}: {what}{hint}"
 

@@ -445,19 +445,7 @@ class DeliveryProjection:
 
     @_process.register
     def _read(self, e: Conversation.ReadMarked, position: int, w: ViewWriter) -> None:
-        m = self._conv(e, position, w)
-        if m is None:
-            return
-        s = m.members.get(e.user_id)
-        if s is None:
-            return
-        s.last_active = e.at
-        self._advance_read(m, s, e.read_seq)
-        # The gap stays flagged: the mailbox really lacks those entries, and another
-        # device of this user may not hold them (ADR 0002). Unread is exact again once
-        # read_seq passes the gap's end.
-        w.put_states(m.tenant, m.conversation_id, [(e.user_id, s)])
-        self._put_head(m, w, position)
+        self._read_to(e, e.at, position, w)
 
     @_process.register
     def _member_read(self, e: MemberReadState.Event, position: int, w: ViewWriter) -> None:
@@ -465,13 +453,25 @@ class DeliveryProjection:
         activity here: the activity a read is reaches the views (and the Conversation
         aggregate, at the same log position) as Conversation.MembersActive, so the views'
         last_active, which materializes mention_only messages, stays the aggregate's."""
+        self._read_to(e, None, position, w)
+
+    def _read_to(
+        self, e: Conversation.ReadMarked | MemberReadState.Event, active_at: float | None, position: int, w: ViewWriter
+    ) -> None:
+        """The member's read moved to e.read_seq (and their last activity to `active_at`
+        when the read is activity)."""
         m = self._conv(e, position, w)
         if m is None:
             return
         s = m.members.get(e.user_id)
         if s is None:
             return
+        if active_at is not None:
+            s.last_active = active_at
         self._advance_read(m, s, e.read_seq)
+        # The gap stays flagged: the mailbox really lacks those entries, and another
+        # device of this user may not hold them (ADR 0002). Unread is exact again once
+        # read_seq passes the gap's end.
         w.put_states(m.tenant, m.conversation_id, [(e.user_id, s)])
         self._put_head(m, w, position)
 

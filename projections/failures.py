@@ -5,7 +5,8 @@ Kept beside the projections, not in the service layer, so that the projection ho
 (streams/host.py) and the service layer share one definition:
 `storage_failure(exc)` finds a full disk or a failing store anywhere in an exception's
 chain: a port error an adapter raised (projections/errors.py), or the operating system's
-OSError; `Throttled` logs a recurring condition once per interval, with a count."""
+OSError; `Throttled` logs a recurring condition once per interval, with a count; `first_line`
+is the one line of a message every layer logs or answers with."""
 
 from __future__ import annotations
 
@@ -43,11 +44,19 @@ def storage_failure(exc: BaseException) -> str | None:
     return reason
 
 
-def first_line(exc: BaseException) -> str:
-    """The innermost message of an exception chain, on one line."""
-    inner = exception_chain(exc)[-1]
-    text = str(inner).strip().splitlines()
-    return text[0] if text else type(inner).__name__
+def innermost(exc: BaseException) -> BaseException:
+    """The exception an exception chain started from (the engine's own, under the wrappers)."""
+    return exception_chain(exc)[-1]
+
+
+def first_line(what: BaseException | str, limit: int = 300) -> str:
+    """The first line of a message that says something, at most `limit` characters: a text's,
+    or an exception's own (its type's name when it says nothing). The one line an operator
+    reads where a whole message or a traceback would flood the log."""
+    for line in str(what).strip().splitlines():
+        if line.strip():
+            return line.strip()[:limit]
+    return type(what).__name__ if isinstance(what, BaseException) else ""
 
 
 class Throttled:

@@ -26,6 +26,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from projections.failures import first_line
+
 log = logging.getLogger("fanout.kafka")
 
 SUMMARY_EVERY = 30.0  # seconds between "still unreachable" lines
@@ -45,11 +47,6 @@ _CONNECTION_WORDS = (
     "transport",
     "failed to resolve",
 )
-
-
-def first_line(text: str, limit: int = 300) -> str:
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    return (lines[0] if lines else "")[:limit]
 
 
 class KafkaHealth:

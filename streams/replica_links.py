@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaException
 
 from projections.delivery import Delivered
+from projections.failures import first_line
 from projections.hosting import ViewsTracked
 from streams.heartbeats import WorkerBeats
 from streams.kafka import TopicUnavailable
@@ -117,9 +118,8 @@ class KafkaReplicaLinks:
                 partitions=self.kafka.partitions,
             ).start()
         except (KafkaException, TopicUnavailable) as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise self.unreachable(
-                f"FANOUT_LOG: Kafka at {self.kafka.brokers} does not answer ({first}): start it, "
+                f"FANOUT_LOG: Kafka at {self.kafka.brokers} does not answer ({first_line(exc)}): start it, "
                 "or name the right host and port in FANOUT_LOG"
             ) from None
         finally:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from projections.errors import StorageError, StorageFull, StorageIOError
+from projections.failures import first_line
 
 DISK_FULL = "53100"
 IO_ERROR = "58030"
@@ -59,9 +60,7 @@ def _first_line(exc: BaseException) -> str:
     # psycopg: 'connection failed: connection to server at "h", port p failed: FATAL:  database ...'
     if "FATAL:" in text:
         text = text.split("FATAL:", 1)[1]
-    text = text.removeprefix("connection failed: ")
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return " ".join(lines[0].split()) if lines else type(exc).__name__
+    return " ".join(first_line(text.removeprefix("connection failed: ")).split()) or type(exc).__name__
 
 
 def unavailable_message(env: Mapping[str, str], exc: BaseException, setting: str = "FANOUT_EVENT_STORE") -> str:

@@ -14,6 +14,7 @@ from fanout.config import EngineUnavailable, Settings
 from fanout.distributed import DistributedRuntime
 from fanout.rereview import MailboxMeter
 from fanout.urls import CassandraSettings, cassandra_settings, kafka_settings
+from projections.failures import first_line
 from projections.head_cache import HeadCache
 from projections.ports import StoreLayoutError, ViewStore
 from streams.routing import conversation_partition
@@ -71,10 +72,9 @@ def bootstrap_distributed(
             raise  # Cassandra is there; its keyspace is of another layout: the error says what to do
         except Exception as exc:
             where = f"cassandra://{','.join(cassandra.hosts)}:{cassandra.port}/{cassandra.keyspace}"
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
             raise EngineUnavailable(
-                f"FANOUT_VIEWS: cannot open the views at {where} ({type(exc).__name__}: {first}): is Cassandra "
-                "running there?"
+                f"FANOUT_VIEWS: cannot open the views at {where} ({type(exc).__name__}: {first_line(str(exc))}): "
+                "is Cassandra running there?"
             ) from None
     try:
         return DistributedRuntime(
