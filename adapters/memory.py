@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
-from projections.ports import ALL_TARGETS, LogPosition, MailboxEntry, MessageRefs
+from projections.ports import ALL_TARGETS, LogPosition, MailboxEntry, MailboxTimer, MessageRefs, timed_write
 from projections.rows import HEAD_COLUMNS, DeliveryRecord, MessageRow, delivery_dict, head_dict, message_dict
 from projections.state import SessionHead, SessionItem, UserConversationState, sessions_by_two_reads
 
@@ -191,10 +191,14 @@ class MemoryViews:
 
     atomic_units = True  # a unit's writes are applied at its end, all of them
 
-    def __init__(self, mailbox: MemoryMailbox | None = None, *, partitions: int = 1) -> None:
-        """`partitions`: the log's partition count (the views' position is the minimum over them)."""
+    def __init__(
+        self, mailbox: MemoryMailbox | None = None, *, partitions: int = 1, timer: MailboxTimer | None = None
+    ) -> None:
+        """`partitions`: the log's partition count (the views' position is the minimum over them);
+        `timer` is told how long each mailbox write of a unit took."""
         self.mailbox = mailbox if mailbox is not None else MemoryMailbox()
         self.partitions = partitions
+        self.timer = timer
         self._lock = threading.RLock()
         self.tracking: dict[tuple[str, int], int] = {}
         self.log_positions: dict[int, LogPosition] = {}
@@ -221,7 +225,7 @@ class MemoryViews:
         w = MemoryWriter(targets)
         yield w  # an exception here leaves everything as it was
         for tenant, refs in w.mailbox:  # durable first, idempotent (as the SQLite views do)
-            self.mailbox.write(tenant, refs)
+            timed_write(self.mailbox, tenant, refs, self.timer)
         at = now if now is not None else time.time()
         with self._lock:
             for op in w.ops:

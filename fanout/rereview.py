@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from domain.errors import FanoutError
@@ -24,7 +24,7 @@ from domain.rereview import CHECKLIST, TRIGGER_OF, Measures, Reading, advance, r
 from fanout.application import FanoutApplication
 from fanout.queries import Queries
 from projections.capacity import CapacityProjection
-from projections.ports import MailboxEntry, MailboxStore, MessageRefs, ViewStore
+from projections.ports import ViewStore
 
 log = logging.getLogger("fanout.rereview")
 
@@ -38,63 +38,23 @@ ALPHA_REFRESH = 10.0  # alpha is one view read per large conversation: at most t
 FANOUT_WRITE = 1_000
 
 
-class MailboxMeter(MailboxStore):
-    """A mailbox store that times its writes: condition 4's measure of the mailbox layer's
-    unit cost (seconds in `write` per entry written, over the writes of at least
-    `FANOUT_WRITE` entries). Wrapped around the engine by the composition root; everything
-    else is passed through."""
+class MailboxMeter:
+    """Condition 4's measure of the mailbox layer's unit cost: seconds in the mailbox writes
+    per entry written, over the writes of at least `FANOUT_WRITE` entries (the O(N) writes).
+    A MailboxTimer (projections/ports.py): the composition root gives it to the views it
+    builds, which report each write of their units' entries (`observe`)."""
 
-    def __init__(self, inner: MailboxStore, *, at_least: int = FANOUT_WRITE) -> None:
-        self.inner = inner
+    def __init__(self, *, at_least: int = FANOUT_WRITE) -> None:
         self.at_least = at_least
         self.seconds = 0.0  # in the writes counted
         self.entries = 0  # that they wrote
 
-    def write(self, tenant: str, refs: MessageRefs) -> int:
-        started = time.perf_counter()
-        n = self.inner.write(tenant, refs)
-        if n >= self.at_least:
-            self.seconds += time.perf_counter() - started
-            self.entries += n
-        return n
-
     def observe(self, seconds: float, entries: int, largest: int) -> None:
-        """A view store that writes the entries itself (Cassandra: with the unit's first
-        round, adapters/cassandra/views.py) reports that round's time, its entries and the
-        largest message's: counted as a write of them (the O(N) writes only, as `write`)."""
+        """A write of `entries` entries (`largest` of them one message's) took `seconds`:
+        counted when that message is a fan-out of at least `at_least` entries."""
         if largest >= self.at_least:
             self.seconds += seconds
             self.entries += entries
-
-    def read(self, tenant: str, user_id: str, after: int, until: int, limit: int) -> list[MailboxEntry]:
-        return self.inner.read(tenant, user_id, after, until, limit)
-
-    def count(self) -> int:
-        return self.inner.count()
-
-    def written(self) -> int | None:
-        return self.inner.written()
-
-    def all_entries(self) -> Iterator[tuple[str, str, int, int, str, int]]:
-        return self.inner.all_entries()
-
-    def sort_key(self, tenant: str, user_id: str, pos: int) -> Any:
-        return self.inner.sort_key(tenant, user_id, pos)
-
-    def flush(self) -> None:
-        self.inner.flush()
-
-    def reopen(self) -> None:
-        self.inner.reopen()
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def __getattr__(self, name: str) -> Any:
-        """Anything else of the engine's store (its session, its path) as the store's own."""
-        if name == "inner":  # not set yet (a copy being built): no recursion
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
 
 class Watched(Protocol):

@@ -11,6 +11,7 @@ query side (fanout/queries.py)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -93,6 +94,28 @@ class MailboxStore(Protocol):
         """Close and open again after a storage failure (the projector then retries)."""
 
     def close(self) -> None: ...
+
+
+class MailboxTimer(Protocol):
+    """How long the mailbox layer takes to write (re-review condition 4, ADR-0026). A view
+    store given one (its constructor's `timer`, from the composition root) reports each write
+    of a unit's mailbox entries: a write to its mailbox store, or the round its entries ride
+    (Cassandra's round A); the totals are what the timer counted of them."""
+
+    seconds: float  # in the writes counted
+    entries: int  # that they wrote
+
+    def observe(self, seconds: float, entries: int, largest: int) -> None:
+        """A write of `entries` entries, `largest` of them one message's, took `seconds`."""
+
+
+def timed_write(mailbox: MailboxStore, tenant: str, refs: MessageRefs, timer: MailboxTimer | None) -> int:
+    """`mailbox.write(tenant, refs)`, its time told to `timer` (one message's entries)."""
+    started = time.perf_counter()
+    n = mailbox.write(tenant, refs)
+    if timer is not None:
+        timer.observe(time.perf_counter() - started, n, n)
+    return n
 
 
 class ViewWriter(Protocol):

@@ -53,7 +53,7 @@ from projections.capacity_monitor import CapacityMonitor
 from projections.errors import StorageError
 from projections.failures import Throttled, storage_failure
 from projections.hosting import Effect
-from projections.ports import ViewStore
+from projections.ports import MailboxTimer, ViewStore
 from streams.heartbeats import BEAT_INTERVAL, WorkerBeat, worker_id
 from streams.host import Fenced, ProjectionHost, Record
 from streams.kafka import partition_count
@@ -230,8 +230,12 @@ class ProjectionWorker:
         on_effects: Callable[[Sequence[Effect]], None] | None = None,
         beat: Callable[[WorkerBeat], None] | None = None,
         publish: Callable[[Sequence[Effect]], Any] | None = None,
+        mailbox_timer: MailboxTimer | None = None,
     ) -> None:
+        """`mailbox_timer`: the timer the views report their mailbox writes to, whose totals
+        the heartbeats carry (re-review condition 4, ADR-0026)."""
         self.settings = s = settings
+        self.mailbox_timer = mailbox_timer
         if publish is not None:
             on_effects = _publish_then(publish, on_effects)
         self.worker_id = worker_id()
@@ -290,12 +294,10 @@ class ProjectionWorker:
             "heals": st.heals,
             "reread": st.reread,
         }
-        # The mailbox layer's write time per entry (re-review condition 4, ADR-0026), when the
-        # composition root timed the views' mailbox store (fanout.rereview.MailboxMeter).
-        meter: Any = getattr(self.host.views, "mailbox", None)
-        if hasattr(meter, "seconds") and hasattr(meter, "entries"):
-            counters["mailbox_write_us"] = int(meter.seconds * 1e6)
-            counters["mailbox_entries"] = int(meter.entries)
+        timer = self.mailbox_timer  # the mailbox layer's write time per entry (ADR-0026)
+        if timer is not None:
+            counters["mailbox_write_us"] = int(timer.seconds * 1e6)
+            counters["mailbox_entries"] = int(timer.entries)
         b = WorkerBeat(self.worker_id, tuple(sorted(self.assigned)), time.time(), BEAT_INTERVAL, leaving, counters)
         if self._beat is not None:
             try:

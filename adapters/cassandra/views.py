@@ -46,7 +46,7 @@ from adapters.cassandra.schema import TABLES
 from adapters.cassandra.stamps import stamp
 from adapters.cassandra.statements import ViewStatements
 from adapters.cassandra.writer import MEMBER_BATCH_ROWS, CassandraWriter, conversation_batches, json_body, state_row
-from projections.ports import ALL_TARGETS, LogPosition, MailboxEntry, MailboxStore
+from projections.ports import ALL_TARGETS, LogPosition, MailboxEntry, MailboxStore, MailboxTimer, timed_write
 from projections.rows import delivery_dict, head_dict, message_dict
 from projections.state import UserConversationState
 
@@ -71,13 +71,15 @@ class CassandraViews(LoginReads):
         partitions: int = 1,
         connection: Connection | None = None,
         in_flight: int = IN_FLIGHT,
+        timer: MailboxTimer | None = None,
     ) -> None:
         """`session`: a connected session whose keyspace has the tables (connect.open_session
         makes both); `partitions`: the log's partition count (the views' position is the
         minimum over them); `connection`: the session's Connection when this store owns it
         (close() closes it, after the mailbox; connect.py); `in_flight`:
         requests in the air at once while a unit of work commits (ADR-0027: at RF 3 each
-        is three replicas' work, and too many time out in the replicas' queues)."""
+        is three replicas' work, and too many time out in the replicas' queues); `timer`:
+        told how long each unit's mailbox writes took (the round they ride, ADR-0026)."""
         self._w, reads = ViewStatements.prepare(session, keyspace)
         super().__init__(session, keyspace, reads)
         self.in_flight = in_flight
@@ -89,14 +91,12 @@ class CassandraViews(LoginReads):
         self._pushed: dict[tuple[str, str, int], int] = {}  # this replica's push counts, the latest kept
         self.pusher = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._written = 0  # the last review write stamp (reviews are listed in write order)
-        # the mailbox table of this keyspace: its entries ride the first round of a commit. The
-        # composition root may hand the store in wrapped (a meter of its writes, with `inner`):
-        # the entries still ride round A, and the wrapper is told how long that round took
-        # (`observe`). Before this looked through the wrapper, every entry took the slow path of
-        # another store: one batch per shard list before the round (3-4x the CPU per message).
-        inner = getattr(mailbox, "inner", mailbox)
+        self.timer = timer
+        # the mailbox table of this keyspace: its entries ride the first round of a commit (a
+        # store of another engine or keyspace is written on its own, one batch per shard list
+        # ahead of the round: 3-4x the CPU per message)
         self._cassandra_mailbox: CassandraMailbox | None = (
-            inner if isinstance(inner, CassandraMailbox) and inner.keyspace == keyspace else None
+            mailbox if isinstance(mailbox, CassandraMailbox) and mailbox.keyspace == keyspace else None
         )
         self._mailbox_statements: Statements | None = (
             Statements.prepare(session, keyspace) if self._cassandra_mailbox is not None else None
@@ -169,7 +169,7 @@ class CassandraViews(LoginReads):
             rows_a.extend(self._cassandra_mailbox.hour_rows(w.mailbox, self._mailbox_statements))
         else:
             for tenant, refs in w.mailbox:  # another store: written (and flushed) before round A
-                self.mailbox.write(tenant, refs)
+                timed_write(self.mailbox, tenant, refs, self.timer)
             if w.mailbox:
                 self.mailbox.flush()
         rows_a.extend(members)
@@ -196,9 +196,8 @@ class CassandraViews(LoginReads):
         # batch), some landed, some not: where the crash tests kill or stop a worker mid-fan-out
         part = (w.mailbox_entries * 3 // (4 * MEMBER_BATCH_ROWS), lambda: w.step("mailbox.part"))
         run(self.session, grouped(rows_a, MEMBER_BATCH_ROWS, self.keyspace), self.in_flight, at=part)
-        observe = getattr(self.mailbox, "observe", None)
-        if observe is not None and self._mailbox_statements is not None and w.mailbox:
-            observe(time.perf_counter() - started, w.mailbox_entries, w.largest_message)
+        if self.timer is not None and self._mailbox_statements is not None and w.mailbox:
+            self.timer.observe(time.perf_counter() - started, w.mailbox_entries, w.largest_message)
         if unindex:  # after the rows moved to: a login read never misses a conversation in between
             run(self.session, grouped(unindex, MEMBER_BATCH_ROWS, self.keyspace), self.in_flight)
         # delivery records, materialized_at once every entry is written (as SQLite and memory stamp it)

@@ -29,7 +29,7 @@ from adapters.sqlite.errors import sqlite_boundary
 from adapters.sqlite.schema import migrate_views
 from adapters.sqlite.writer import SqliteWriter
 from projections.ports import ALL_TARGETS as ALL_TARGETS  # the targets a unit of work writes
-from projections.ports import LogPosition, MailboxEntry, MailboxStore
+from projections.ports import LogPosition, MailboxEntry, MailboxStore, MailboxTimer, timed_write
 from projections.rows import STATE_COLUMNS, delivery_dict, head_dict, message_dict
 from projections.state import SessionHead, SessionItem, SessionState, UserConversationState
 
@@ -47,12 +47,11 @@ class SqliteViews:
 
     atomic_units = True  # one SQLite transaction (the mailbox's idempotent entries ahead of it)
 
-    def __init__(
-        self, data_dir: Path | str, mailbox: MailboxStore, *, prefix: str = "", readonly: bool = False
-    ) -> None:
+    def __init__(self, data_dir: Path | str, mailbox: MailboxStore, *, prefix: str = "", readonly: bool = False,
+                 timer: MailboxTimer | None = None) -> None:  # fmt: skip
         """`mailbox` is the mailbox store these views own (which engine: fanout/bootstrap/embedded.py).
         `readonly`: open existing views without writing anything (no migration), to read
-        beside a running serve."""
+        beside a running serve. `timer` is told how long each mailbox write of a unit took."""
         self.dir = Path(data_dir)
         self.readonly = readonly
         if not readonly:
@@ -62,6 +61,7 @@ class SqliteViews:
         if not readonly:
             migrate_views(self._con)
         self.mailbox: MailboxStore = mailbox
+        self.timer = timer
         self._local = threading.local()
         self._write_lock = threading.Lock()
         self._pool = ReadPool(self.path, READ_POOL_SIZE)
@@ -87,10 +87,10 @@ class SqliteViews:
             con.execute("BEGIN IMMEDIATE")
             try:
                 yield w
-                step = checkpoint or _no_step
+                step, timer = checkpoint or _no_step, self.timer
                 for tenant, refs in w.mailbox:
                     step("mailbox")
-                    self.mailbox.write(tenant, refs)
+                    timed_write(self.mailbox, tenant, refs, timer)
                 if w.mailbox:
                     self.mailbox.flush()
                 step("tracking")

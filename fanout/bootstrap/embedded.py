@@ -31,7 +31,7 @@ from fanout.rereview import MailboxMeter
 from projections.capacity import ReviewTrigger
 from projections.delivery import Delivered
 from projections.hosting import Effect
-from projections.ports import MailboxStore, ViewStore
+from projections.ports import MailboxStore, MailboxTimer, ViewStore
 from streams.embedded import EmbeddedRunner
 
 __all__ = ["ShardCountMismatch"]  # the mailbox's own error, named for the CLI (cli/main.py)
@@ -110,13 +110,19 @@ def open_mailbox(data_dir: Path | str, shards: int, *, prefix: str = "") -> Rock
 
 
 def open_views(
-    data_dir: Path | str, shards: int, *, prefix: str = "", mailbox: MailboxStore | None = None
+    data_dir: Path | str,
+    shards: int,
+    *,
+    prefix: str = "",
+    mailbox: MailboxStore | None = None,
+    timer: MailboxTimer | None = None,
 ) -> SqliteViews:
     """The views of a data dir (or a set built aside, named by `prefix`) with their
-    mailbox store: RocksDB unless one is given. The views own it (closing closes both)."""
+    mailbox store: RocksDB unless one is given. The views own it (closing closes both).
+    `timer`: told the mailbox layer's write times (fanout/rereview.py MailboxMeter, ADR-0026)."""
     mailbox = open_mailbox(data_dir, shards, prefix=prefix) if mailbox is None else mailbox
     try:
-        return SqliteViews(data_dir, mailbox, prefix=prefix)
+        return SqliteViews(data_dir, mailbox, prefix=prefix, timer=timer)
     except BaseException:
         mailbox.close()
         raise
@@ -197,11 +203,9 @@ def bootstrap(
     built: ViewStore | None = None
     try:
         meter: MailboxMeter | None = None
-        if views is None:
-            # the mailbox layer's write time per entry: re-review condition 4 (ADR-0026)
-            if mailbox is None:  # a mailbox handed in (tests) is used as it is, untimed
-                mailbox = meter = MailboxMeter(open_mailbox(data_dir, params.mailbox_shards))
-            views = built = open_views(data_dir, params.mailbox_shards, mailbox=mailbox)
+        if views is None:  # views handed in (tests) are used as they are, their mailbox untimed
+            meter = MailboxMeter()  # the mailbox layer's write time per entry: re-review condition 4 (ADR-0026)
+            views = built = open_views(data_dir, params.mailbox_shards, mailbox=mailbox, timer=meter)
         return EmbeddedRuntime(
             data_dir,
             params,

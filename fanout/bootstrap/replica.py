@@ -12,29 +12,31 @@ from typing import TYPE_CHECKING
 from fanout.bootstrap.event_store import postgres_event_store
 from fanout.config import EngineUnavailable, Settings
 from fanout.distributed import DistributedRuntime
-from fanout.rereview import MailboxMeter
 from fanout.urls import CassandraSettings, cassandra_settings, kafka_settings
 from projections.failures import first_line
 from projections.head_cache import HeadCache
-from projections.ports import StoreLayoutError, ViewStore
+from projections.ports import MailboxTimer, StoreLayoutError, ViewStore
 from streams.routing import conversation_partition
 
 if TYPE_CHECKING:  # the engines' clients are imported when the runtime is built
     from adapters.cassandra.views import CassandraViews
 
 
-def open_cassandra_views(settings: CassandraSettings, *, partitions: int) -> CassandraViews:
+def open_cassandra_views(
+    settings: CassandraSettings, *, partitions: int, timer: MailboxTimer | None = None
+) -> CassandraViews:
     """The views and the mailbox in Cassandra (keyspace and tables created if absent) on ONE
-    session, owned by the views: their close() closes the mailbox, then the Cluster."""
+    session, owned by the views: their close() closes the mailbox, then the Cluster. `timer`:
+    told the mailbox layer's write times (a worker's MailboxMeter, ADR-0026)."""
     from adapters.cassandra.connect import open_session
     from adapters.cassandra.mailbox import CassandraMailbox
     from adapters.cassandra.views import CassandraViews
 
     connection = open_session(settings)
     try:
-        mailbox = MailboxMeter(CassandraMailbox(connection.session, settings.keyspace))  # timed: ADR-0026
+        mailbox = CassandraMailbox(connection.session, settings.keyspace)
         return CassandraViews(connection.session, settings.keyspace, mailbox, partitions=partitions,
-                              in_flight=settings.in_flight, connection=connection)  # fmt: skip
+                              in_flight=settings.in_flight, connection=connection, timer=timer)  # fmt: skip
     except BaseException:
         connection.close()
         raise

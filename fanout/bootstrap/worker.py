@@ -25,7 +25,7 @@ from eventsourcing.persistence import Mapper
 
 from adapters.postgres.connect import EventStoreUnavailable, check_event_store
 from fanout.application import FanoutApplication
-from fanout.bootstrap.embedded import DataDirLock, open_mailbox, open_views
+from fanout.bootstrap.embedded import DataDirLock, open_views
 from fanout.bootstrap.event_store import postgres_event_store
 from fanout.bootstrap.replica import open_cassandra_views
 from fanout.config import EngineUnavailable, Settings
@@ -117,7 +117,11 @@ def domain_event(mapper: Mapper[Any], record: EventRecord) -> Any:
     return mapper.to_domain_event(record.stored_event())
 
 
-def _open_views(settings: Settings, partitions: int, closers: list[Callable[[], Any]]) -> ViewStore:
+def _open_views(
+    settings: Settings, partitions: int, meter: MailboxMeter, closers: list[Callable[[], Any]]
+) -> ViewStore:
+    """The views the worker writes, their mailbox writes timed by `meter` (the mailbox layer's
+    unit cost, in the heartbeats: re-review condition 4, ADR-0026)."""
     params = settings.params
     if settings.views == "sqlite":  # one worker over a data dir (load_settings checked it names one)
         path = settings.data_dir
@@ -125,10 +129,9 @@ def _open_views(settings: Settings, partitions: int, closers: list[Callable[[], 
         lock = DataDirLock(path)
         lock.acquire()
         closers.append(lock.release)
-        # timed: the mailbox layer's unit cost, in the heartbeats (re-review condition 4, ADR-0026)
-        return open_views(path, params.mailbox_shards, mailbox=MailboxMeter(open_mailbox(path, params.mailbox_shards)))
+        return open_views(path, params.mailbox_shards, timer=meter)
     try:
-        return open_cassandra_views(cassandra_settings(settings.views), partitions=partitions)
+        return open_cassandra_views(cassandra_settings(settings.views), partitions=partitions, timer=meter)
     except Exception as exc:
         raise EngineUnavailable(f"FANOUT_VIEWS: Cassandra at {settings.views} does not answer: {_line(exc)}") from None
 
@@ -161,7 +164,8 @@ def bootstrap_worker(settings: Settings) -> WorkerProcess:
         except Exception as exc:
             raise EngineUnavailable(f"FANOUT_EVENT_STORE: cannot open the event store: {_line(exc)}") from None
         closers.append(app.close)
-        views = _open_views(settings, kafka.partitions, closers)
+        meter = MailboxMeter()
+        views = _open_views(settings, kafka.partitions, meter, closers)
         closers.append(views.close)
         try:
             # the event topic, ensured here once per worker process (the worker reads its count)
@@ -204,6 +208,7 @@ def bootstrap_worker(settings: Settings) -> WorkerProcess:
                 effects,
                 beat=publisher.beat,
                 publish=publisher.publish,
+                mailbox_timer=meter,
             )
         except (KafkaException, TopicUnavailable, LookupError) as exc:
             raise EngineUnavailable(kafka_down(kafka.brokers, exc)) from None

@@ -39,8 +39,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from cassandra import DriverException
-from cassandra.cluster import NoHostAvailable
 
 from adapters.memory import MemoryViews
 from domain.params import Parameters
@@ -49,6 +47,7 @@ from fanout.distributed import DistributedRuntime
 from fanout.queries import Queries
 from fanout.urls import kafka_settings
 from projections.capacity import merged, state_name
+from projections.errors import StorageUnavailable
 from projections.hosting import build_projections
 from streams.positions import relayed_position
 from tests.distributed.cluster import ROOT, Cluster, cluster_for
@@ -186,12 +185,11 @@ def written(d: Deployment, seqs: range) -> dict[int, float]:
     fails on the engine (Cassandra restarting) counts as not holding it; any other error
     fails the test."""
     mb: Any = d.rt.views.mailbox
-    mb = getattr(mb, "inner", mb)  # the Cassandra store under fanout.rereview.MailboxMeter
 
     def held(user: str) -> list[int]:
         try:
             return [e[2] for e in mb.read(T, user, 0, 2**62, 10_000)]
-        except (DriverException, NoHostAvailable):
+        except StorageUnavailable:
             return []
 
     have: collections.Counter[int] = collections.Counter()
@@ -235,7 +233,7 @@ def reconnected(d: Deployment, timeout: float = 60.0) -> None:
             views.head(T, CID)
             views.mailbox.read(T, d.sample[0], 0, 2**62, 1)
             return
-        except (DriverException, NoHostAvailable) as exc:
+        except StorageUnavailable as exc:
             assert time.monotonic() - t0 < timeout, f"views unreachable {timeout} s after the restart: {exc}"
             time.sleep(0.2)
 
@@ -453,7 +451,6 @@ def mid_fanout(d: Deployment, first: int, count: int) -> dict[int, float]:
     strictly between none and all of the run's (the fault landed in the fan-out). Returns
     the fraction of the members holding each."""
     mb: Any = d.rt.views.mailbox
-    mb = getattr(mb, "inner", mb)  # the Cassandra store under fanout.rereview.MailboxMeter
     have = collections.Counter(seq for _t, _u, _pos, seq, _c, _f in mb.all_entries())
     at = {s: have[s] / MEMBERS for s in range(first, first + count)}
     assert 0 < sum(have[s] for s in at) < count * MEMBERS, f"the fault landed outside the fan-out: {fmt(at)}"

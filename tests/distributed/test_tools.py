@@ -177,7 +177,7 @@ def test_verify_finds_a_corrupted_row_and_rebuild_restores_it(
     last = rt.queries.mailbox(T, "u0100", 0, 100)["entries"][-1]["cursor"]
     ts = stamp(max(rt.views.positions().values()), 1)
     shard = partition_shard(b"u0100")  # the entry's partition (ADR-0038): its hour from the row itself
-    mailbox: Any = getattr(rt.views.mailbox, "inner", rt.views.mailbox)
+    mailbox: Any = rt.views.mailbox
     hour = mailbox.session.execute(
         f"SELECT hour FROM {mailbox.keyspace}.mailbox WHERE tenant='{T}' AND shard={shard} AND user_id='u0100' "
         f"AND pos={last} "
