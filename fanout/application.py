@@ -92,6 +92,16 @@ class FanoutApplication(TierCommands):
             self.activity.saved(key, applied)
             self.activity_events += recorded
 
+    def _replied_to(self, tenant: str, conversation_id: str, seq: int) -> str | None:
+        """Who sent the message a reply points at: from the views (`message_sender`), or, when
+        they have not applied it yet (a projector behind the log), from its MessageSent event
+        in the store, so the replied-to member is materialized and counted whatever the lag."""
+        sender = self.message_sender(tenant, conversation_id, seq)
+        if sender is None:
+            sent = self.history.sent_message(tenant, conversation_id, seq)
+            sender = sent.sender if sent is not None else None
+        return sender
+
     def _lost_race(self, aggregates: Sequence[object]) -> None:
         self.quotas.lost_race(aggregates)
 
@@ -243,7 +253,7 @@ class FanoutApplication(TierCommands):
         if isinstance(reply_to_seq, int) and not isinstance(reply_to_seq, bool) and reply_to_seq >= 1:
             # Resolved once, then carried by the event (deterministic replays). Anything else
             # is left to Conversation.send, which refuses it with INVALID_ARGUMENT.
-            reply_to_user = self.message_sender(tenant, conversation_id, reply_to_seq)
+            reply_to_user = self._replied_to(tenant, conversation_id, reply_to_seq)
         with self._unit() as touched:
             conv = self._conversation(tenant, conversation_id, saves=True)
             previous = conv.previous_send(client_msg_id)

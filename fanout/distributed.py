@@ -2,7 +2,8 @@
 PostgreSQL event store, the views in Cassandra written by the Faust workers, online
 pushes arriving from the workers through Kafka. Implements `fanout.runtime.Runtime`;
 `bootstrap_distributed` (fanout/bootstrap/replica.py) builds it from the SPEC section 8 URLs
-and hands it its adapters (this module imports no engine).
+and hands it its adapters and its parts (the application, the hub, the backpressure, the clock
+guard, the effect handlers; this module imports no engine).
 
 Positions are the event store's notification ids, as in the embedded runtime. The views
 hold position P when every log partition has applied everything up to P: the workers
@@ -24,23 +25,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, Self
 
 from domain.errors import InvalidArgument
 from domain.params import Parameters
 from fanout.application import FanoutApplication
 from fanout.clock_guard import ClockGuard
-from fanout.effects import Effects, push_online
 from fanout.overload import Backpressure
 from fanout.push import PushHub
 from fanout.queries import Queries
-from fanout.runtime import ViewReads
 from projections.capacity import CapacityProjection
 from projections.capacity_monitor import platform_window
 from projections.delivery import Delivered, DeliveryProjection
 from projections.head_cache import HeadCache
-from projections.hosting import ViewsTracked
+from projections.hosting import Effect, ViewsTracked
 from projections.ports import ViewStore
 
 log = logging.getLogger("fanout.distributed")
@@ -86,20 +86,40 @@ class ReplicaLinks(Protocol):
         """Release the clients the checks keep."""
 
 
+@dataclass
+class ViewsProgress:
+    """How far this replica knows the views to be (the lowest position every log partition
+    has applied), and what stops it knowing (Cassandra away): written by the runtime's
+    watchers, read by its backpressure (fanout/overload.py RunnerState) and by the command
+    side's view reads (`ViewReads.position`)."""
+
+    committed: int
+    last_error: str | None = None
+    failure_reason: str | None = None
+
+
 class DistributedRuntime:
     def __init__(
         self,
         params: Parameters,
-        event_store_env: Mapping[str, str],
         views: ViewStore,
         links: ReplicaLinks,
+        app: FanoutApplication,
         *,
+        progress: ViewsProgress,
+        queries: Queries,
+        hub: PushHub,
+        backpressure: Backpressure,
+        effects: Callable[[Sequence[Effect]], None],
         partitions: int,
         route: Callable[[str, str, int], int] | None = None,
-        clock: Callable[[], float] = time.time,
         head_cache: HeadCache | None = None,
-        reference_clock: Callable[[Any], float] | None = None,
+        clock_guard: ClockGuard | None = None,
     ) -> None:
+        """The parts the composition root built (fanout/bootstrap/replica.py): `app` reads the
+        views through `ViewReads`; `effects` acts on the `Delivered` the workers publish (this
+        replica's sockets); `clock_guard` holds this replica's clock to the event store's
+        (ADR-0041; a gate of `backpressure`)."""
         self.params = params
         # the heads the views' logins read, kept while the workers' records say they hold (ADR-0035);
         # every position this replica learns is told to it before a waiting reader wakes
@@ -108,31 +128,12 @@ class DistributedRuntime:
         self.links = links
         self.partitions = partitions
         self.route = route  # (tenant, conversation_id, partitions) -> the log partition of its events
-        self.clock = clock
-        reads = ViewReads(views, position=lambda: self.committed, catch_up=self._projected)
-        self.app = reads.app = FanoutApplication(
-            params, dict(event_store_env), clock=clock, shared_store=True, **reads.wiring()
-        )
-        self.queries = Queries(views, params)
-        self.hub = PushHub(views)
-        self.committed = views.views_position(DeliveryProjection.name)
-        self.last_error: str | None = None
-        self.failure_reason: str | None = None
-        self.backpressure = Backpressure(
-            self,
-            self.app.log_position(),
-            max_events=params.max_projection_lag_events,
-            max_entries=params.max_projection_lag_entries,
-        )
-        self.app.recorded_listeners.append(self.backpressure.recorded)
-        # reference_clock(recorder): the event store's time (adapters/postgres/event_store.py database_clock),
-        # which this replica's clock, the one its sends are stamped with, is held to (ADR-0041)
-        self.clock_guard: ClockGuard | None = None
-        if reference_clock is not None and params.max_clock_skew > 0:
-            recorder = self.app.recorder
-            self.clock_guard = ClockGuard(lambda: reference_clock(recorder), clock, params.max_clock_skew)
-            self.backpressure.gates.append(self.clock_guard.check)
-        self.review_triggers = 0  # opened by the workers' capacity projections, not here
+        self.app = app
+        self.queries = queries
+        self.hub = hub
+        self.progress = progress
+        self.backpressure = backpressure
+        self.clock_guard = clock_guard
         self.started_at = time.time()
         self.health: dict[str, Any] = {}
         # Until live workers have held every partition once, this replica is starting: writes
@@ -149,13 +150,35 @@ class DistributedRuntime:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._pushes: Closeable | None = None
-        # a Delivered the workers published -> this replica's sockets (fanout/effects.py)
-        self._effects = Effects({Delivered: [push_online(self.hub, views)]})
+        self._effects = effects
 
-    # -- wiring: what the command side reads from the views --------------------------
+    review_triggers = 0  # opened by the workers' capacity projections, not here
 
-    def _projected(self) -> None:
-        self.wait_until(self.app.log_position(), timeout=30)
+    @property
+    def committed(self) -> int:
+        return self.progress.committed
+
+    @committed.setter
+    def committed(self, position: int) -> None:
+        self.progress.committed = position
+
+    @property
+    def last_error(self) -> str | None:
+        return self.progress.last_error
+
+    @last_error.setter
+    def last_error(self, error: str | None) -> None:
+        self.progress.last_error = error
+
+    @property
+    def failure_reason(self) -> str | None:
+        return self.progress.failure_reason
+
+    @failure_reason.setter
+    def failure_reason(self, reason: str | None) -> None:
+        self.progress.failure_reason = reason
+
+    # -- what the workers say -----------------------------------------------------------
 
     def _on_tracked(self, tracked: ViewsTracked) -> None:
         """A worker's commit left these positions in the views: waiters wake now (after

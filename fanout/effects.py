@@ -78,6 +78,16 @@ def push_online(hub: Hub, views: PushCounts) -> Handler:
     return handle
 
 
+class Count:
+    """How many times a handler did its work (the reviews this process opened: /metrics)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def __call__(self) -> None:
+        self.value += 1
+
+
 def open_review(app: Reviews, opened: Callable[[], None] | None = None) -> Handler:
     """`ReviewTrigger` -> a review opened by the capacity monitor (idempotent by its key)."""
 

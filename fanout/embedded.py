@@ -2,27 +2,28 @@
 in-process projection runner (`streams/embedded.py`, the shared host of `streams/host.py`) and
 the push hub. Implements `fanout.runtime.Runtime` as `fanout/distributed.py` does for the
 distributed runtime; built by the composition root (`fanout/bootstrap/embedded.py` `bootstrap`), which
-picks its adapters and hands them in."""
+picks its adapters, builds its parts (the application, the runner, the hub, the backpressure,
+the effect handlers) and hands them in."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, Self
 
 from domain.params import Parameters
 from fanout.application import FanoutApplication
 from fanout.clock_guard import ClockGuard
+from fanout.effects import Count
 from fanout.overload import Backpressure
 from fanout.push import PushHub
 from fanout.queries import Queries
 from fanout.rereview import MailboxMeter
-from fanout.runtime import ViewReads
 from projections.capacity import CapacityProjection
 from projections.head_cache import HeadCache
-from projections.hosting import PROJECTIONS, Effect
+from projections.hosting import PROJECTIONS
 from projections.ports import ViewStore
 
 log = logging.getLogger("fanout.runtime")
@@ -63,16 +64,10 @@ class Projector(Protocol):
     def catch_up(self, progress: Callable[[int], None] | None = None) -> int: ...
 
 
-# (the application, what to do with the effects of each committed unit) -> the runner
-ProjectorFactory = Callable[[FanoutApplication, Callable[[Sequence[Effect]], None]], Projector]
-# the runtime (its hub, views and application built) -> what acts on a committed unit's effects
-EffectsFactory = Callable[["EmbeddedRuntime"], Callable[[Sequence[Effect]], None]]
-
-
 class EmbeddedRuntime:
     """One process: the command side, the views, the in-process projection runner and
     the push hub over one data dir. Implements `fanout.runtime.Runtime`; built by
-    `bootstrap`, which hands it its adapters."""
+    `bootstrap`, which builds its parts and hands them in."""
 
     head_cache: HeadCache | None = None  # one SQLite statement answers the login: nothing to keep (ADR-0035)
     clock_guard: ClockGuard | None = None  # one process stamps every send: its clock agrees with itself (ADR-0041)
@@ -82,45 +77,35 @@ class EmbeddedRuntime:
         data_dir: Path,
         params: Parameters,
         views: ViewStore,
-        event_store_env: Mapping[str, str],
+        app: FanoutApplication,
+        runner: Projector,
         *,
-        clock: Callable[[], float] = time.time,
+        queries: Queries,
+        hub: PushHub,
+        backpressure: Backpressure,
+        reviews_opened: Count,
         lock: Releasable | None = None,
         meter: MailboxMeter | None = None,
-        projector: ProjectorFactory,
-        effects: EffectsFactory,
     ) -> None:
+        """`app` reads the views through `ViewReads` and wakes `runner` after each save;
+        `runner` acts on each committed unit's effects (pushes to `hub`, reviews opened,
+        counted by `reviews_opened`); `backpressure` hears of every save."""
         self.data_dir = data_dir
         self.meter = meter
         self.params = params
-        self.clock = clock
         self._lock = lock
         self.views = views
-        reads = ViewReads(views, position=lambda: self.runner.position(), catch_up=self._projected)
-        self.app = reads.app = FanoutApplication(params, dict(event_store_env), clock=clock, **reads.wiring())
-        self.queries = Queries(views, params)
-        self.hub = PushHub(views)
-        self.review_triggers = 0
-        self.runner = projector(self.app, effects(self))
-        self.app.saved_listeners.append(self.runner.wake)
-        self.backpressure = Backpressure(
-            self.runner,
-            self.runner.log_position(),
-            max_events=params.max_projection_lag_events,
-            max_entries=params.max_projection_lag_entries,
-        )
-        self.app.recorded_listeners.append(self.backpressure.recorded)
+        self.app = app
+        self.runner = runner
+        self.queries = queries
+        self.hub = hub
+        self.backpressure = backpressure
+        self._reviews_opened = reviews_opened
         self.started_at = time.time()
 
-    # -- wiring: what the command side reads from the views -----------------------------
-
-    def _projected(self) -> None:
-        if self.runner.running:
-            self.runner.wait_until(self.runner.log_position(), timeout=30)
-
-    def opened_review(self) -> None:
-        """A capacity trigger opened a review (counted for /metrics)."""
-        self.review_triggers += 1
+    @property
+    def review_triggers(self) -> int:
+        return self._reviews_opened.value
 
     # -- the projectors (Runtime) ---------------------------------------------------------
 

@@ -117,7 +117,15 @@ class Backpressure:
     the sends among them). Entries measure the projector's work; events bound a backlog
     of many cheap events. A backlog found at start-up counts as events only."""
 
-    def __init__(self, runner: RunnerState, written: int, *, max_events: int, max_entries: int) -> None:
+    def __init__(
+        self,
+        runner: RunnerState,
+        written: int,
+        *,
+        max_events: int,
+        max_entries: int,
+        gates: Sequence[Callable[[], None]] = (),
+    ) -> None:
         self.runner = runner
         self.max_events = max_events
         self.max_entries = max_entries
@@ -129,7 +137,7 @@ class Backpressure:
         self.refusals = 0
         # more refusals of the same kind, checked first, each raising Unavailable (O(1), no
         # query): an API replica's clock guard (fanout/clock_guard.py, ADR-0041)
-        self.gates: list[Callable[[], None]] = []
+        self.gates = tuple(gates)
 
     def recorded(self, positions: Sequence[tuple[int, int]]) -> None:
         """After a save (in the writer's lock): (position, mailbox entries) per event."""

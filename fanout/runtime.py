@@ -28,10 +28,13 @@ class Runtime(Protocol):
     queries: Queries  # the reads of the views
     hub: PushHub  # the online devices (WebSockets), pushed to after a commit (invariant O)
     backpressure: Backpressure  # refuses writes the read side cannot keep up with (ADR-0010)
-    review_triggers: int  # reviews opened by T1/T2 since start
     views: ViewStore  # the views the queries read (the re-review watch keeps its memo there)
     head_cache: HeadCache | None  # the heads kept for logins (an API replica of the distributed runtime, ADR-0035)
     clock_guard: ClockGuard | None  # this replica's clock held to the event store's (distributed, ADR-0041)
+
+    @property
+    def review_triggers(self) -> int:
+        """Reviews this process's capacity triggers opened (T1/T2) since start."""
 
     # -- the projectors ---------------------------------------------------------
 
@@ -103,28 +106,22 @@ class Runtime(Protocol):
 
 class ViewReads:
     """What the command side reads from the views, the same in both runtimes (handed to
-    `FanoutApplication` as its message_sender, conversations_in_scope and read_state).
+    `FanoutApplication` as its message_sender, conversations_in_scope and read_state by the
+    composition root).
 
     `position()`: the position the views hold; `catch_up()`: wait until they hold the log
-    written so far (before a tier decision lists the conversations of its scope). `app` is
-    set once the application these reads serve is built (a reply whose message the views
-    do not hold yet is looked up in the event store)."""
+    written so far (before a tier decision lists the conversations of its scope)."""
 
     def __init__(self, views: ViewStore, position: Callable[[], int], catch_up: Callable[[], None]) -> None:
         self.views = views
         self.position = position
         self.catch_up = catch_up
-        self.app: FanoutApplication | None = None
 
     def message_sender(self, tenant: str, conversation_id: str, seq: int) -> str | None:
-        """Who sent the message a reply points at: from the views, or, when they have not
-        applied it yet (a projector behind the log), from its MessageSent event in the
-        store, so the replied-to member is materialized and counted whatever the lag."""
+        """Who sent the message a reply points at, as the views hold it (None when they have
+        not applied it: the application then reads its MessageSent from the event store)."""
         m = self.views.message(tenant, conversation_id, seq)
-        if m is not None:
-            return str(m["sender"])
-        sent = self.app.history.sent_message(tenant, conversation_id, seq) if self.app is not None else None
-        return sent.sender if sent is not None else None
+        return str(m["sender"]) if m is not None else None
 
     def conversations_in_scope(self, tenant: str, size_bucket: str) -> list[str]:
         self.catch_up()

@@ -25,9 +25,13 @@ from domain.params import Parameters
 from fanout.application import FanoutApplication
 from fanout.bootstrap.power_loss import check_data_dir
 from fanout.config import ConfigError, Settings
-from fanout.effects import Effects, open_review, push_online
+from fanout.effects import Count, Effects, open_review, push_online
 from fanout.embedded import EmbeddedRuntime
+from fanout.overload import Backpressure
+from fanout.push import PushHub
+from fanout.queries import Queries
 from fanout.rereview import MailboxMeter
+from fanout.runtime import ViewReads
 from projections.capacity import ReviewTrigger
 from projections.delivery import Delivered
 from projections.hosting import Effect
@@ -55,14 +59,58 @@ def _embedded_runner(
     return EmbeddedRunner(app, views, params, on_effects=on_effects, before_start=check)
 
 
-def _embedded_effects(rt: EmbeddedRuntime) -> Effects:
-    """After each committed unit: pushes to this process's sockets, reviews opened."""
-    return Effects(
-        {
-            Delivered: [push_online(rt.hub, rt.views)],
-            ReviewTrigger: [open_review(rt.app, opened=rt.opened_review)],
-        }
-    )
+def _projected(runner: EmbeddedRunner) -> None:
+    """What a tier decision waits for (ViewReads.catch_up): the log written so far applied,
+    while the runner runs (stopped, the views are read as they are)."""
+    if runner.running:
+        runner.wait_until(runner.log_position(), timeout=30)
+
+
+def embedded_runtime(
+    data_dir: Path,
+    params: Parameters,
+    views: ViewStore,
+    event_store_env: Mapping[str, str],
+    *,
+    clock: Callable[[], float],
+    lock: DataDirLock | None,
+    meter: MailboxMeter | None,
+) -> EmbeddedRuntime:
+    """The embedded runtime's parts over views already open: the command side reading the
+    views (ViewReads), the push hub, the runner with this process's effect handlers (pushes to
+    its sockets, reviews opened), the backpressure that hears of every save."""
+    runner: EmbeddedRunner  # the reads' progress is the runner's, built once the application is
+    reads = ViewReads(views, position=lambda: runner.position(), catch_up=lambda: _projected(runner))
+    app = FanoutApplication(params, dict(event_store_env), clock=clock, **reads.wiring())
+    try:
+        hub = PushHub(views)
+        opened = Count()
+        effects = Effects({Delivered: [push_online(hub, views)], ReviewTrigger: [open_review(app, opened=opened)]})
+        runner = _embedded_runner(views, params, app, effects)
+        app.saved_listeners.append(runner.wake)
+        backpressure = Backpressure(
+            runner,
+            runner.log_position(),
+            max_events=params.max_projection_lag_events,
+            max_entries=params.max_projection_lag_entries,
+        )
+        app.recorded_listeners.append(backpressure.recorded)
+        return EmbeddedRuntime(
+            data_dir,
+            params,
+            views,
+            app,
+            runner,
+            queries=Queries(views, params),
+            hub=hub,
+            backpressure=backpressure,
+            reviews_opened=opened,
+            lock=lock,
+            meter=meter,
+        )
+    except BaseException:
+        app.close()
+        raise
 
 
 class DataDirLock:
@@ -206,7 +254,7 @@ def bootstrap(
         if views is None:  # views handed in (tests) are used as they are, their mailbox untimed
             meter = MailboxMeter()  # the mailbox layer's write time per entry: re-review condition 4 (ADR-0026)
             views = built = open_views(data_dir, params.mailbox_shards, mailbox=mailbox, timer=meter)
-        return EmbeddedRuntime(
+        return embedded_runtime(
             data_dir,
             params,
             views,
@@ -214,8 +262,6 @@ def bootstrap(
             clock=clock,
             lock=data_lock,
             meter=meter,
-            projector=partial(_embedded_runner, views, params),
-            effects=_embedded_effects,
         )
     except BaseException:
         if built is not None:

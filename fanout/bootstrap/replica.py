@@ -6,13 +6,22 @@ other process of that runtime opens (`open_cassandra_views`: the workers, the to
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from domain.params import Parameters
+from fanout.application import FanoutApplication
 from fanout.bootstrap.event_store import postgres_event_store
+from fanout.clock_guard import ClockGuard
 from fanout.config import EngineUnavailable, Settings
-from fanout.distributed import DistributedRuntime
+from fanout.distributed import DistributedRuntime, ReplicaLinks, ViewsProgress
+from fanout.effects import Effects, push_online
+from fanout.overload import Backpressure
+from fanout.push import PushHub
+from fanout.queries import Queries
+from fanout.runtime import ViewReads
 from fanout.urls import CassandraSettings, cassandra_settings, kafka_settings
+from projections.delivery import Delivered, DeliveryProjection
 from projections.failures import first_line
 from projections.head_cache import HeadCache
 from projections.ports import MailboxTimer, StoreLayoutError, ViewStore
@@ -53,7 +62,6 @@ def bootstrap_distributed(
     absent), pushes and health from Kafka. The relay and the workers run apart
     (`fanout relay`, `fanout worker`)."""
     from adapters.postgres.connect import EventStoreUnavailable, check_event_store
-    from adapters.postgres.event_store import database_clock
     from streams.replica_links import KafkaReplicaLinks  # Kafka's client: when this runtime is built
 
     kafka = kafka_settings(settings.log)
@@ -79,20 +87,77 @@ def bootstrap_distributed(
                 "is Cassandra running there?"
             ) from None
     try:
-        return DistributedRuntime(
+        return replica_runtime(
             settings.params,
             env,
             views,
             KafkaReplicaLinks(kafka, unreachable=EngineUnavailable),
             partitions=kafka.partitions,
-            route=conversation_partition,
             clock=clock,
             head_cache=head_cache,
-            reference_clock=database_clock,  # this replica's clock held to PostgreSQL's (ADR-0041)
         )
     except BaseException as exc:
         if built is not None:
             built.close()
         if isinstance(exc, EventStoreUnavailable):  # another process's table creation never ended
             raise EngineUnavailable(str(exc)) from None
+        raise
+
+
+def replica_runtime(
+    params: Parameters,
+    event_store_env: Mapping[str, str],
+    views: ViewStore,
+    links: ReplicaLinks,
+    *,
+    partitions: int,
+    clock: Callable[[], float],
+    head_cache: HeadCache | None,
+) -> DistributedRuntime:
+    """An API replica's parts over engines already open: the command side on the shared
+    store reading the views (ViewReads), the push hub fed by the workers' `Delivered` (this
+    replica's sockets), the backpressure with the clock guard that holds this replica's clock
+    to PostgreSQL's (ADR-0041), the views' progress they both read."""
+    from adapters.postgres.event_store import database_clock
+
+    runtime: DistributedRuntime  # the reads wait on its watchers, built once the application is
+
+    def projected() -> None:  # what a tier decision waits for: the log written so far in the views
+        runtime.wait_until(runtime.log_position(), timeout=30)
+
+    progress = ViewsProgress(views.views_position(DeliveryProjection.name))
+    reads = ViewReads(views, position=lambda: progress.committed, catch_up=projected)
+    app = FanoutApplication(params, dict(event_store_env), clock=clock, shared_store=True, **reads.wiring())
+    try:
+        clock_guard = None
+        if params.max_clock_skew > 0:
+            recorder = app.recorder
+            clock_guard = ClockGuard(lambda: database_clock(recorder), clock, params.max_clock_skew)
+        backpressure = Backpressure(
+            progress,
+            app.log_position(),
+            max_events=params.max_projection_lag_events,
+            max_entries=params.max_projection_lag_entries,
+            gates=[clock_guard.check] if clock_guard is not None else [],
+        )
+        app.recorded_listeners.append(backpressure.recorded)
+        hub = PushHub(views)
+        runtime = DistributedRuntime(
+            params,
+            views,
+            links,
+            app,
+            progress=progress,
+            queries=Queries(views, params),
+            hub=hub,
+            backpressure=backpressure,
+            effects=Effects({Delivered: [push_online(hub, views)]}),  # a Delivered the workers published
+            partitions=partitions,
+            route=conversation_partition,
+            head_cache=head_cache,
+            clock_guard=clock_guard,
+        )
+        return runtime
+    except BaseException:
+        app.close()
         raise

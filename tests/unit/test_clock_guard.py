@@ -88,9 +88,8 @@ def test_backpressure_runs_its_gates_before_counting_lag() -> None:
     class Runner:
         committed, last_error, failure_reason = 0, None, None
 
-    bp = Backpressure(Runner(), 0, max_events=10, max_entries=10)
     g = guard([7200.0])
-    bp.gates.append(g.check)
+    bp = Backpressure(Runner(), 0, max_events=10, max_entries=10, gates=[g.check])
     bp.check()  # not measured yet
     g.measure()
     with pytest.raises(Unavailable) as refused:
