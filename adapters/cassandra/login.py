@@ -39,13 +39,19 @@ class LoginReads:
     """The login's reads over a session whose keyspace has the views' tables, with the
     views' read statements (statements.py `ViewStatements.reads`)."""
 
-    def __init__(self, session: Session, keyspace: str, reads: dict[str, PreparedStatement]) -> None:
+    def __init__(
+        self,
+        session: Session,
+        keyspace: str,
+        reads: dict[str, PreparedStatement],
+        head_cache: HeadCache | None = None,
+    ) -> None:
         self.session = session
         self.keyspace = keyspace
         self._r = reads
         # An API replica's cache of the heads its logins read (ADR-0035), fed by the workers'
         # commit records; None elsewhere (workers, tools): every head is read.
-        self.head_cache: HeadCache | None = None
+        self.head_cache = head_cache
         self.copy_read_from = COPY_READ_FROM  # a login's heads from the session heads' copy from this many
         self.read_states_copy = True  # False: a login reads user_states even where the copy is vouched (benches)
         # copy -> vouched complete (ADR-0043's states copy, ADR-0045's mailbox floors), and when asked

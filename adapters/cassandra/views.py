@@ -46,6 +46,7 @@ from adapters.cassandra.schema import TABLES
 from adapters.cassandra.stamps import stamp
 from adapters.cassandra.statements import ViewStatements
 from adapters.cassandra.writer import MEMBER_BATCH_ROWS, CassandraWriter, conversation_batches, json_body, state_row
+from projections.head_cache import HeadCache
 from projections.ports import ALL_TARGETS, LogPosition, MailboxEntry, MailboxStore, MailboxTimer, timed_write
 from projections.rows import delivery_dict, head_dict, message_dict
 from projections.state import UserConversationState
@@ -72,6 +73,7 @@ class CassandraViews(LoginReads):
         connection: Connection | None = None,
         in_flight: int = IN_FLIGHT,
         timer: MailboxTimer | None = None,
+        head_cache: HeadCache | None = None,
     ) -> None:
         """`session`: a connected session whose keyspace has the tables (connect.open_session
         makes both); `partitions`: the log's partition count (the views' position is the
@@ -79,9 +81,10 @@ class CassandraViews(LoginReads):
         (close() closes it, after the mailbox; connect.py); `in_flight`:
         requests in the air at once while a unit of work commits (ADR-0027: at RF 3 each
         is three replicas' work, and too many time out in the replicas' queues); `timer`:
-        told how long each unit's mailbox writes took (the round they ride, ADR-0026)."""
+        told how long each unit's mailbox writes took (the round they ride, ADR-0026);
+        `head_cache`: an API replica's heads kept for its logins (login.py, ADR-0035)."""
         self._w, reads = ViewStatements.prepare(session, keyspace)
-        super().__init__(session, keyspace, reads)
+        super().__init__(session, keyspace, reads, head_cache)
         self.in_flight = in_flight
         self.mailbox: MailboxStore = mailbox
         self.partitions = partitions

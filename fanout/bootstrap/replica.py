@@ -32,11 +32,16 @@ if TYPE_CHECKING:  # the engines' clients are imported when the runtime is built
 
 
 def open_cassandra_views(
-    settings: CassandraSettings, *, partitions: int, timer: MailboxTimer | None = None
+    settings: CassandraSettings,
+    *,
+    partitions: int,
+    timer: MailboxTimer | None = None,
+    head_cache: HeadCache | None = None,
 ) -> CassandraViews:
     """The views and the mailbox in Cassandra (keyspace and tables created if absent) on ONE
     session, owned by the views: their close() closes the mailbox, then the Cluster. `timer`:
-    told the mailbox layer's write times (a worker's MailboxMeter, ADR-0026)."""
+    told the mailbox layer's write times (a worker's MailboxMeter, ADR-0026); `head_cache`: the
+    heads an API replica keeps for its logins (ADR-0035)."""
     from adapters.cassandra.connect import open_session
     from adapters.cassandra.mailbox import CassandraMailbox
     from adapters.cassandra.views import CassandraViews
@@ -45,7 +50,8 @@ def open_cassandra_views(
     try:
         mailbox = CassandraMailbox(connection.session, settings.keyspace)
         return CassandraViews(connection.session, settings.keyspace, mailbox, partitions=partitions,
-                              in_flight=settings.in_flight, connection=connection, timer=timer)  # fmt: skip
+                              in_flight=settings.in_flight, connection=connection, timer=timer,
+                              head_cache=head_cache)  # fmt: skip
     except BaseException:
         connection.close()
         raise
@@ -75,9 +81,9 @@ def bootstrap_distributed(
     if views is None:
         cassandra = cassandra_settings(settings.views)
         try:
-            views = built = open_cassandra_views(cassandra, partitions=kafka.partitions)
             if cassandra.head_cache > 0:  # ADR-0035: the heads the logins read, kept while the workers say they hold
-                views.head_cache = head_cache = HeadCache(kafka.partitions, capacity=cassandra.head_cache)
+                head_cache = HeadCache(kafka.partitions, capacity=cassandra.head_cache)
+            views = built = open_cassandra_views(cassandra, partitions=kafka.partitions, head_cache=head_cache)
         except StoreLayoutError:
             raise  # Cassandra is there; its keyspace is of another layout: the error says what to do
         except Exception as exc:
