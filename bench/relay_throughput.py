@@ -34,7 +34,7 @@ from fanout.application import FanoutApplication
 from fanout.bootstrap import postgres_event_store
 from fanout.clock import FakeClock
 from fanout.config import RelayOptions
-from fanout.urls import kafka_settings
+from fanout.urls import KafkaSettings, kafka_settings
 from streams.relay import Relay
 
 ENGINES_ENV = Path(os.environ.get("FANOUT_ENGINES_DIR", "/tmp/fanout-engines")) / "engines.env"
@@ -101,9 +101,7 @@ def measure(
     app = FanoutApplication(Parameters(), env)
     relay = Relay(
         app,
-        brokers=brokers,
-        topic=topic,
-        partitions=partitions,
+        KafkaSettings(brokers, topic, partitions),
         batch=batch,
         commit_interval=RelayOptions().commit_interval if batch > 1 else 0,
         log_interval=RelayOptions().log_interval,

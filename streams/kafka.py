@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
@@ -27,6 +27,23 @@ from streams.records import MAX_RECORD_BYTES
 
 rdkafka_log = logging.getLogger("fanout.kafka.rdkafka")
 log = logging.getLogger("fanout.kafka")
+
+
+class KafkaSettings(Protocol):
+    """FANOUT_LOG as the composition root parsed it (fanout/urls.py `kafka_settings`): the
+    brokers, the event topic, and what the topics are created with. Taken whole by whatever
+    creates or follows them (the relay, a worker's publisher, a replica's subscriber)."""
+
+    @property
+    def brokers(self) -> str: ...
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partitions(self) -> int: ...
+    @property
+    def replication(self) -> int: ...
+    @property
+    def min_insync(self) -> int: ...
 
 
 class TopicUnavailable(RuntimeError):
@@ -104,6 +121,21 @@ def ensure_topic(
         if time.monotonic() > deadline:
             raise TopicUnavailable(f"topic {topic!r} does not show with a leader for every partition at {brokers}")
         time.sleep(0.05)
+
+
+def ensure_event_topic(kafka: KafkaSettings, *, timeout: float = 15.0, logger: logging.Logger = rdkafka_log) -> int:
+    """The event topic of FANOUT_LOG, created if missing with its partitions, replication and
+    min_insync and records of up to MAX_RECORD_BYTES; its partition count (ensure_topic)."""
+    return ensure_topic(
+        kafka.brokers,
+        kafka.topic,
+        kafka.partitions,
+        kafka.replication,
+        max_message_bytes=MAX_RECORD_BYTES,
+        min_insync=kafka.min_insync,
+        timeout=timeout,
+        logger=logger,
+    )
 
 
 def partition_count(brokers: str, topic: str, timeout: float = 30.0) -> int:

@@ -39,7 +39,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from projections.delivery import Delivered
 from projections.hosting import ViewsTracked
 from streams.heartbeats import WorkerBeat, encode_beat
-from streams.kafka import ensure_topic, kafka_error
+from streams.kafka import KafkaSettings, ensure_topic, kafka_error
 from streams.push_records import MAX_PUSH_BYTES, TENANT_HEADER, decode, encode, encode_tracked, tenant_of
 
 log = logging.getLogger("fanout.pushes")
@@ -135,6 +135,18 @@ class PushPublisher:
                 "message.max.bytes": MAX_PUSH_BYTES + 1024 * 1024,
                 "logger": rdkafka_log,
             }
+        )
+
+    @classmethod
+    def of_log(cls, kafka: KafkaSettings, *, on_delivered: Callable[[float], Any] | None = None) -> PushPublisher:
+        """The publisher on the pushes topic of FANOUT_LOG's event topic, created if missing with its settings."""
+        return cls(
+            kafka.brokers,
+            pushes_topic(kafka.topic),
+            partitions=kafka.partitions,
+            replication=kafka.replication,
+            min_insync=kafka.min_insync,
+            on_delivered=on_delivered,
         )
 
     def _report(self, err: KafkaError | None, msg: Any) -> None:
@@ -235,6 +247,20 @@ class PushSubscriber:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._consumer: Consumer | None = None
+
+    @classmethod
+    def of_log(cls, kafka: KafkaSettings, callback: Callable[[Delivered], Any], **options: Any) -> PushSubscriber:
+        """The subscriber to the pushes topic of FANOUT_LOG's event topic, created if missing
+        with its settings; `options`: on_beat, on_tracked, wants, poll."""
+        return cls(
+            kafka.brokers,
+            pushes_topic(kafka.topic),
+            callback,
+            partitions=kafka.partitions,
+            replication=kafka.replication,
+            min_insync=kafka.min_insync,
+            **options,
+        )
 
     def start(self, timeout: float = 30.0) -> PushSubscriber:
         ensure_pushes_topic(self.brokers, self.topic, self.partitions, self.replication, self.min_insync)

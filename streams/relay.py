@@ -51,7 +51,6 @@ from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
-from uuid import UUID
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from eventsourcing.application import Application
@@ -60,10 +59,10 @@ from eventsourcing.postgres import PostgresApplicationRecorder, PostgresSubscrip
 from psycopg.sql import SQL, Identifier
 
 from projections import failpoints
-from streams.kafka import TopicUnavailable, ensure_topic, kafka_error
+from streams.kafka import KafkaSettings, TopicUnavailable, ensure_event_topic, kafka_error
 from streams.positions import PositionUnreadable, relayed_position
 from streams.records import MAX_RECORD_BYTES, EventRecord, Watermark
-from streams.routing import PARTITIONER, RoutingKeys
+from streams.routing import PARTITIONER, RoutingKeys, as_uuid
 
 log = logging.getLogger("fanout.relay")
 # librdkafka's own log lines (a broker down: one line per reconnect attempt) go here, not to stderr.
@@ -136,10 +135,6 @@ def _is_fenced(err: KafkaError | None) -> bool:
     return err is not None and (err.code() in _FENCED_CODES or "fenced" in str(err).lower())
 
 
-def _uuid(value: UUID | str) -> UUID:
-    return value if isinstance(value, UUID) else UUID(str(value))
-
-
 # -- the relay ----------------------------------------------------------------------------------
 
 
@@ -164,12 +159,8 @@ class Relay:
     def __init__(
         self,
         app: Application[Any],
+        kafka: KafkaSettings,
         *,
-        brokers: str,
-        topic: str,
-        partitions: int = 6,
-        replication: int = 1,
-        min_insync: int = 0,
         transactional_id: str | None = None,
         batch: int,
         commit_interval: float,
@@ -178,7 +169,8 @@ class Relay:
         kafka_logger: logging.Logger | None = None,
         relayed_topics: frozenset[str] | None = None,
     ) -> None:
-        """`batch`, `commit_interval` and `log_interval` are `fanout relay`'s knobs (their
+        """`kafka`: FANOUT_LOG (the brokers, the event topic, what it is created with);
+        `batch`, `commit_interval` and `log_interval` are `fanout relay`'s knobs (their
         defaults: fanout/config.py RelayOptions); `relayed_topics`: publish only the events of
         these stored topics (None: every event)."""
         if not isinstance(app.recorder, PostgresApplicationRecorder):
@@ -191,12 +183,11 @@ class Relay:
             raise ValueError("commit_interval must not be negative")
         self.app = app
         self.recorder: PostgresApplicationRecorder = app.recorder
-        self.brokers = brokers
-        self.topic = topic
-        self.partitions = partitions
-        self.replication = replication
-        self.min_insync = min_insync
-        self.transactional_id = transactional_id or transactional_id_for(topic)
+        self.kafka = kafka
+        self.brokers = kafka.brokers
+        self.topic = kafka.topic
+        self.partitions = kafka.partitions  # the topic's own count once start() ensured it
+        self.transactional_id = transactional_id or transactional_id_for(kafka.topic)
         self.batch = batch
         self.commit_interval = commit_interval
         # when the last transaction began (monotonic): the next begins commit_interval later at the earliest
@@ -224,15 +215,7 @@ class Relay:
         """Create the topic if missing, take over the transactional id (fencing a previous
         instance, aborting its open transaction), and find the relayed position."""
         try:
-            self.partitions = ensure_topic(
-                self.brokers,
-                self.topic,
-                self.partitions,
-                self.replication,
-                max_message_bytes=MAX_RECORD_BYTES,
-                min_insync=self.min_insync,
-                logger=rdkafka_log,
-            )
+            self.partitions = ensure_event_topic(self.kafka, logger=rdkafka_log)
         except TopicUnavailable as exc:
             raise RelayError(str(exc)) from None
         producer = Producer(
@@ -417,7 +400,7 @@ class Relay:
                 self._began = time.monotonic()
                 p.begin_transaction()
                 for key, n in records:
-                    rec = EventRecord(n.id, n.topic, _uuid(n.originator_id), n.originator_version, n.state)
+                    rec = EventRecord(n.id, n.topic, as_uuid(n.originator_id), n.originator_version, n.state)
                     self._produce(p, value=n.state, key=key, headers=[*rec.headers()])
                 for k in range(self.partitions):
                     self._produce(p, value=b"", partition=k, headers=watermark)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from confluent_kafka import KafkaException
 
@@ -15,25 +15,10 @@ from projections.delivery import Delivered
 from projections.failures import first_line
 from projections.hosting import ViewsTracked
 from streams.heartbeats import WorkerBeats
-from streams.kafka import TopicUnavailable
+from streams.kafka import KafkaSettings, TopicUnavailable
 from streams.kafka_health import process_health
 from streams.positions import position_consumer, relayed_position
-from streams.pushes import PushSubscriber, pushes_topic
-
-
-class KafkaSettings(Protocol):
-    """FANOUT_LOG as parsed by `fanout.urls.kafka_settings`."""
-
-    @property
-    def brokers(self) -> str: ...
-    @property
-    def topic(self) -> str: ...
-    @property
-    def partitions(self) -> int: ...
-    @property
-    def replication(self) -> int: ...
-    @property
-    def min_insync(self) -> int: ...
+from streams.pushes import PushSubscriber
 
 
 class Subscription:
@@ -106,16 +91,8 @@ class KafkaReplicaLinks:
     ) -> Subscription:
         muted, self.health.muted = self.health.muted, True  # a start-up failure is one line (below)
         try:
-            sub = PushSubscriber(
-                self.kafka.brokers,
-                pushes_topic(self.kafka.topic),
-                callback,
-                on_beat=self.beats.seen,
-                on_tracked=on_tracked,
-                wants=wants,
-                replication=self.kafka.replication,
-                min_insync=self.kafka.min_insync,
-                partitions=self.kafka.partitions,
+            sub = PushSubscriber.of_log(
+                self.kafka, callback, on_beat=self.beats.seen, on_tracked=on_tracked, wants=wants
             ).start()
         except (KafkaException, TopicUnavailable) as exc:
             raise self.unreachable(

@@ -89,7 +89,7 @@ class RoutingKeys:
         self.lookups = 0  # reviews whose tier came from the store
 
     def key(self, note: Notification) -> str:
-        originator = _uuid(note.originator_id)
+        originator = as_uuid(note.originator_id)
         try:
             cls: Any = resolve_topic(note.topic)
         except Exception:  # a topic this code does not know: keep the aggregate's order at least
@@ -130,5 +130,6 @@ class RoutingKeys:
         return key
 
 
-def _uuid(value: UUID | str) -> UUID:
+def as_uuid(value: UUID | str) -> UUID:
+    """An originator id as the library hands it (a UUID, or its text from some recorders)."""
     return value if isinstance(value, UUID) else UUID(str(value))

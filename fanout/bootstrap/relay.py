@@ -62,11 +62,7 @@ def bootstrap_relay(settings: Settings, *, kafka_logger: logging.Logger) -> Rela
     try:
         relay = Relay(
             app,
-            brokers=kafka.brokers,
-            topic=kafka.topic,
-            partitions=kafka.partitions,
-            replication=kafka.replication,
-            min_insync=kafka.min_insync,
+            kafka,
             transactional_id=options.transactional_id,
             batch=options.batch,
             commit_interval=options.commit_interval,

@@ -33,6 +33,7 @@ from fanout.effects import Effects, open_review
 from fanout.rereview import MailboxMeter
 from fanout.urls import cassandra_settings, kafka_settings
 from projections.capacity import ReviewTrigger
+from projections.failures import first_line
 from projections.ports import ViewStore
 
 if TYPE_CHECKING:  # Faust and Kafka's client are imported when the worker is built
@@ -100,8 +101,7 @@ def close_all(closers: list[Callable[[], Any]]) -> None:
 
 
 def _line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
+    return f"{type(exc).__name__}: {first_line(str(exc))}"
 
 
 def kafka_down(brokers: str, exc: BaseException) -> str:
@@ -142,10 +142,9 @@ def bootstrap_worker(settings: Settings) -> WorkerProcess:
     `settings.worker`; the data dir holds the views when FANOUT_VIEWS=sqlite."""
     from confluent_kafka import KafkaException
 
-    from streams.kafka import TopicUnavailable, ensure_topic
+    from streams.kafka import TopicUnavailable, ensure_event_topic
     from streams.kafka_health import process_health
     from streams.pushes import PushPublisher, pushes_topic
-    from streams.records import MAX_RECORD_BYTES
     from streams.worker import ProjectionWorker, WorkerSettings
 
     kafka = kafka_settings(settings.log)
@@ -168,24 +167,9 @@ def bootstrap_worker(settings: Settings) -> WorkerProcess:
         views = _open_views(settings, kafka.partitions, meter, closers)
         closers.append(views.close)
         try:
-            # the event topic, ensured here once per worker process (the worker reads its count)
-            ensure_topic(
-                kafka.brokers,
-                kafka.topic,
-                kafka.partitions,
-                kafka.replication,
-                max_message_bytes=MAX_RECORD_BYTES,
-                timeout=15.0,
-                min_insync=kafka.min_insync,
-            )
-            publisher = PushPublisher(
-                kafka.brokers,
-                pushes_topic(kafka.topic),
-                partitions=kafka.partitions,
-                replication=kafka.replication,
-                min_insync=kafka.min_insync,
-                on_delivered=health.reachable,  # a heartbeat acknowledged: Kafka answers
-            )
+            ensure_event_topic(kafka)  # here once per worker process (the worker reads its count)
+            # a heartbeat acknowledged: Kafka answers
+            publisher = PushPublisher.of_log(kafka, on_delivered=health.reachable)
         except (KafkaException, TopicUnavailable) as exc:
             raise EngineUnavailable(kafka_down(kafka.brokers, exc)) from None
         closers.append(publisher.close)

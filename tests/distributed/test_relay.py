@@ -226,7 +226,7 @@ class RelayThread:
         self.app = FanoutApplication(Parameters(), env)
         kw.setdefault("relayed_topics", RELAYED)
         knobs = {"batch": DEFAULTS.batch, "commit_interval": DEFAULTS.commit_interval, "log_interval": 1.0, **kw}
-        self.relay = Relay(self.app, brokers=k.brokers, topic=k.topic, partitions=k.partitions, **knobs)
+        self.relay = Relay(self.app, k, **knobs)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
