@@ -13,14 +13,14 @@ same); the plots are tools/plots.py's."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
 from domain.params import Parameters, SizeBucket
-from fanout.bootstrap import open_views_only
-from fanout.config import Settings, is_distributed
+from fanout.bootstrap import NoStore, capacity_window, open_views_to_read
+from fanout.config import EngineUnavailable, Settings
 from fanout.queries import alpha_report_of
-from projections.capacity import CapacityProjection
 from projections.ports import ViewStore
 
 
@@ -28,19 +28,25 @@ class AnalyzeError(RuntimeError):
     pass
 
 
-def open_views(data_dir: Path, settings: Settings | None = None) -> ViewStore:
-    """The data dir's SQLite views without their mailbox, or the Cassandra views when the
-    settings name the distributed engines (FANOUT_VIEWS=cassandra://...)."""
-    if settings is not None and is_distributed(settings):
-        from fanout.bootstrap import open_distributed_views
+def tool_settings(data_dir: Path, params: Parameters, settings: Settings | None) -> Settings:
+    """The settings the stores are opened by: the command's, over its data dir (the embedded
+    engines over `data_dir` with `params` when none are given)."""
+    if settings is None:
+        return Settings.embedded(data_dir, params)
+    return replace(settings, data_dir=Path(data_dir), params=params)
 
-        try:
-            return open_distributed_views(settings)
-        except Exception as exc:
-            raise AnalyzeError(f"cannot open the views of FANOUT_VIEWS: {type(exc).__name__}: {exc}") from None
-    if not (Path(data_dir) / "views.sqlite").exists():
-        raise AnalyzeError(f"{data_dir} has no views (views.sqlite); run `fanout serve` or `fanout rebuild all` first")
-    return open_views_only(data_dir)  # analyze reads heads and states only
+
+def open_views(data_dir: Path, settings: Settings | None = None, params: Parameters | None = None) -> ViewStore:
+    """The views the settings name, as the composition root opens them for reading beside
+    the running processes (the data dir's SQLite views without their mailbox, or the
+    Cassandra views of FANOUT_VIEWS)."""
+    s = tool_settings(data_dir, params or (settings.params if settings else Parameters()), settings)
+    try:
+        return open_views_to_read(s)
+    except NoStore as exc:
+        raise AnalyzeError(f"{exc}; run `fanout serve` or `fanout rebuild all` first") from None
+    except EngineUnavailable as exc:
+        raise AnalyzeError(str(exc)) from None
 
 
 def alpha_report(
@@ -57,7 +63,7 @@ def alpha_report(
     views the settings name), opened and closed here."""
     if (min_saving is None) != (max_active_ratio is None):
         raise AnalyzeError("give both --min-saving and --max-active-ratio, or neither (then each tier's are used)")
-    views = open_views(data_dir, settings)
+    views = open_views(data_dir, settings, params)
     try:
         return alpha_report_of(
             views, params, tenant=tenant, min_saving=min_saving, max_active_ratio=max_active_ratio, now=now
@@ -120,15 +126,9 @@ def capacity_report(data_dir: Path, params: Parameters, settings: Settings | Non
     """The capacity window: the one state of the embedded runtime, or on the distributed
     one the states of every log partition (`capacity`, `capacity.p<N>`) merged, with the
     firing flags of the monitor that evaluates them (ADR-0020)."""
-    views = open_views(data_dir, settings)
+    views = open_views(data_dir, settings, params)
     try:
-        if settings is not None and is_distributed(settings):
-            from fanout.bootstrap import log_partitions
-            from projections.capacity_monitor import platform_window
-
-            cap = platform_window(params, views, log_partitions(settings))
-        else:
-            cap = CapacityProjection(params, state=views.capacity_state(CapacityProjection.name))
+        cap = capacity_window(tool_settings(data_dir, params, settings), views)
     finally:
         views.close()
     rates = cap.rates()

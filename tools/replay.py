@@ -20,7 +20,7 @@ from __future__ import annotations
 import difflib
 import sys
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -36,7 +36,7 @@ from domain.reads import READ_EVENTS, MemberReadState
 from domain.review import Review, topics_of
 from domain.tier import Tier
 from fanout import strict_json
-from fanout.config import Settings, is_distributed
+from fanout.config import EngineUnavailable, Settings
 from projections.ports import ViewStore
 
 PAGE = 1000
@@ -176,20 +176,13 @@ def _jsonable(v: Any) -> Any:
 
 class _Keys:
     """originator_id -> (tenant, conversation_id): from Created events seen while
-    streaming, else from the views (conversations), else from the aggregate."""
+    streaming, else from the views (conversations) when the root gives cheap ones, else
+    from the aggregate."""
 
-    def __init__(self, app: Any, data_dir: Path | None) -> None:
+    def __init__(self, app: Any, views: ViewStore | None) -> None:
         self.app = app
         self.known: dict[UUID, tuple[str | None, str | None]] = {}
-        self._views: ViewStore | None = None
-        # Distributed (no data dir): keys from the log and the aggregates only, no Cassandra session.
-        if data_dir is not None and (data_dir / "views.sqlite").exists():
-            from fanout.bootstrap import open_views_only
-
-            try:  # read-only: replay runs beside a running serve
-                self._views = open_views_only(data_dir, readonly=True)
-            except Exception:  # views we cannot open: keys come from the log and the aggregates
-                self._views = None
+        self._views = views
 
     def learn(self, event: Any) -> None:
         tenant = getattr(event, "tenant", None)
@@ -225,28 +218,28 @@ class _Keys:
 
 
 def open_app(data_dir: Path, params: Parameters, settings: Settings | None = None) -> Any:
-    """The application over the log: the data dir's SQLite store, or the PostgreSQL one
-    when the settings name the distributed engines (FANOUT_EVENT_STORE=postgresql://...)."""
-    from fanout.bootstrap import open_application, open_application_for
+    """The application over the log the settings name (the data dir's SQLite store, or the
+    PostgreSQL one of FANOUT_EVENT_STORE), as the composition root opens it: no table created."""
+    from fanout.bootstrap import NoStore, open_application_for
 
-    if settings is not None and is_distributed(settings):
-        try:
-            app = open_application_for(settings)
-            app.recorder.max_notification_id()  # the tables exist (none is created here)
-        except Exception as exc:
-            raise ReplayError(
-                f"cannot read the event store of FANOUT_EVENT_STORE: {type(exc).__name__}: {exc}"
-            ) from None
-        return app
-    if not (data_dir / "events.sqlite").exists():
-        raise ReplayError(f"{data_dir} has no event store (events.sqlite)")
-    return open_application(params, data_dir, create_tables=False)
+    try:
+        return open_application_for(_settings(data_dir, params, settings))
+    except (NoStore, EngineUnavailable) as exc:
+        raise ReplayError(str(exc)) from None
 
 
-def events(app: Any, data_dir: Path | None, f: Filters, progress: Any = None) -> Iterator[dict[str, Any]]:
-    """The replay lines as dicts, filtered."""
+def _settings(data_dir: Path, params: Parameters, settings: Settings | None) -> Settings:
+    """The command's settings over its data dir (the embedded engines over it when none)."""
+    if settings is None:
+        return Settings.embedded(data_dir, params)
+    return replace(settings, data_dir=Path(data_dir), params=params)
+
+
+def events(app: Any, views: ViewStore | None, f: Filters, progress: Any = None) -> Iterator[dict[str, Any]]:
+    """The replay lines as dicts, filtered; conversation keys looked up in `views` when given
+    (they are closed at the end)."""
     top = app.recorder.max_notification_id() or 0
-    keys = _Keys(app, data_dir)
+    keys = _Keys(app, views)
     only_originator = Conversation.create_id(f.tenant, f.conversation_id) if f.tenant and f.conversation_id else None
     position = max(1, f.from_position)
     try:
@@ -319,8 +312,8 @@ def replay(
     known to name things that exist); returns how many were written. `settings` naming
     the distributed engines: the log is read from PostgreSQL instead of the data dir."""
     check_types(filters.types)
+    where = _settings(Path(data_dir), params, settings)
     app = open_app(Path(data_dir), params, settings)
-    where = None if settings is not None and is_distributed(settings) else Path(data_dir)
     try:
         check_scope(app, filters)
         if isinstance(out, Path):
@@ -331,14 +324,18 @@ def replay(
         app.close()
 
 
-def _write(app: Any, data_dir: Path | None, filters: Filters, out: TextIO, progress: bool, err: TextIO) -> int:
+def _write(app: Any, settings: Settings, filters: Filters, out: TextIO, progress: bool, err: TextIO) -> int:
     from tqdm import tqdm
+
+    from fanout.bootstrap import open_lookup_views
+
+    views = open_lookup_views(settings)  # the data dir's views read-only (beside a serve), or none
 
     top = app.recorder.max_notification_id() or 0
     total = max(0, top - max(1, filters.from_position) + 1)
     with tqdm(total=total, unit="ev", file=err, disable=not progress, desc="replay") as bar:
         n = 0
-        for line in events(app, data_dir, filters, bar.update):
+        for line in events(app, views, filters, bar.update):
             try:
                 text = strict_json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
                 text.encode("utf-8")  # a lone surrogate: no UTF-8 line can hold it

@@ -69,3 +69,4 @@ class ReadPool:
 
 
 READ_POOL_SIZE = 8  # the API's executor threads
+VIEWS_FILE = "views.sqlite"  # the views of a data dir (a set built aside: its prefix before it)

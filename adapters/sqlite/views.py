@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from uuid import UUID
 
-from adapters.sqlite.connect import READ_POOL_SIZE, ReadPool, connect
+from adapters.sqlite.connect import READ_POOL_SIZE, VIEWS_FILE, ReadPool, connect
 from adapters.sqlite.errors import sqlite_boundary
 from adapters.sqlite.schema import migrate_views
 from adapters.sqlite.writer import SqliteWriter
@@ -56,7 +56,7 @@ class SqliteViews:
         self.readonly = readonly
         if not readonly:
             self.dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.dir / f"{prefix}views.sqlite"
+        self.path = self.dir / f"{prefix}{VIEWS_FILE}"
         self._con = connect(self.path, readonly=readonly)
         if not readonly:
             migrate_views(self._con)

@@ -7,7 +7,7 @@ nothing else imports an adapter or a host (tests/unit/test_layering.py).
     replica.py   an API replica of the distributed runtime: bootstrap_distributed()
     worker.py    a projection worker: bootstrap_worker()
     relay.py     the event store -> Kafka relay: bootstrap_relay()
-    stores.py    the stores and the host the operator tools open (rebuild, verify, replay)
+    stores.py    the stores and the host the operator tools open (rebuild, verify, replay, analyze)
     event_store.py  the PostgreSQL event store every process of the distributed runtime opens
 
 What a process does with the effects of a committed unit (pushes, reviews) is said by the
@@ -33,11 +33,15 @@ from fanout.bootstrap.embedded import (
 from fanout.bootstrap.event_store import postgres_event_store
 from fanout.bootstrap.replica import bootstrap_distributed, open_cassandra_views
 from fanout.bootstrap.stores import (
+    NoStore,
     RebuildSite,
+    capacity_window,
     log_partitions,
     open_application_for,
     open_distributed_views,
+    open_lookup_views,
     open_rebuild_site,
+    open_views_to_read,
     rebuild_host,
     worker_group_members,
 )
@@ -47,6 +51,7 @@ from projections.ports import StoreLayoutError
 
 __all__ = [
     "EMBEDDED_ENGINES",
+    "NoStore",
     "RebuildSite",
     "DataDirBusy",
     "DataDirLock",
@@ -55,16 +60,19 @@ __all__ = [
     "StoreLayoutError",
     "bootstrap",
     "bootstrap_distributed",
+    "capacity_window",
     "log_partitions",
     "open_application",
     "open_application_for",
     "open_cassandra_views",
     "open_distributed_views",
+    "open_lookup_views",
     "open_mailbox",
     "open_rebuild_site",
     "open_runtime",
     "open_views",
     "open_views_only",
+    "open_views_to_read",
     "postgres_event_store",
     "rebuild_host",
     "sqlite_event_store",

@@ -9,15 +9,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from adapters.sqlite.connect import VIEWS_FILE
 from adapters.sqlite.rebuild import SqliteAsideBuilds
 from domain.params import Parameters
 from fanout.application import FanoutApplication
-from fanout.bootstrap.embedded import bootstrap, open_application, open_views, sqlite_event_store
+from fanout.bootstrap.embedded import bootstrap, open_application, open_views, open_views_only, sqlite_event_store
 from fanout.bootstrap.event_store import postgres_event_store
 from fanout.bootstrap.replica import open_cassandra_views
-from fanout.config import ConfigError, Settings, is_distributed
+from fanout.config import ConfigError, EngineUnavailable, Settings, is_distributed
 from fanout.urls import cassandra_settings, kafka_settings
-from projections.ports import ALL_TARGETS, AsideBuilds, ViewStore
+from projections.capacity import CapacityProjection
+from projections.capacity_monitor import platform_window
+from projections.ports import ALL_TARGETS, AsideBuilds, StoreLayoutError, ViewStore
 from streams.embedded import EmbeddedRunner
 
 if TYPE_CHECKING:
@@ -122,16 +125,76 @@ def rebuild_host(
     return EmbeddedRunner(app, views, params, targets=targets, until=until)
 
 
+class NoStore(ConfigError):
+    """The data dir the settings name holds no such store (nothing was written there yet)."""
+
+
 def open_application_for(settings: Settings, data_dir: Path | str | None = None, **wiring: Any) -> FanoutApplication:
     """The command side over the event store the settings name, an existing one only
     (no table is created): PostgreSQL for FANOUT_EVENT_STORE=postgresql://..., else the
-    SQLite store of the data dir (the tools that read the log: `fanout replay`)."""
+    SQLite store of the data dir (the tools that read the log: `fanout replay`; NoStore when
+    the data dir has none)."""
     if is_distributed(settings):
         env = postgres_event_store(settings.event_store)
         env["CREATE_TABLE"] = "n"
-        return FanoutApplication(settings.params, env, **wiring)
-    return open_application(settings.params, settings.data_dir if data_dir is None else data_dir,
-                            create_tables=False, **wiring)  # fmt: skip
+        app = None
+        try:
+            app = FanoutApplication(settings.params, env, **wiring)
+            app.recorder.max_notification_id()  # the tables exist (none is created here)
+        except Exception as exc:
+            if app is not None:
+                app.close()
+            raise EngineUnavailable(
+                f"cannot read the event store of FANOUT_EVENT_STORE: {type(exc).__name__}: {exc}"
+            ) from None
+        return app
+    where = Path(settings.data_dir if data_dir is None else data_dir)
+    store = Path(sqlite_event_store(where)["SQLITE_DBNAME"])
+    if not store.exists():
+        raise NoStore(f"{where} has no event store ({store.name})")
+    return open_application(settings.params, where, create_tables=False, **wiring)
+
+
+def open_views_to_read(settings: Settings) -> ViewStore:
+    """The views a tool reads beside the running processes (`fanout analyze`): the Cassandra
+    views of FANOUT_VIEWS, or the data dir's SQLite views without their mailbox store (a
+    running `serve` holds RocksDB's lock; NoStore when the data dir has no views)."""
+    if is_distributed(settings):
+        try:
+            return open_distributed_views(settings)
+        except StoreLayoutError:
+            raise  # Cassandra is there; its keyspace is of another layout: the error says what to do
+        except Exception as exc:
+            raise EngineUnavailable(f"cannot open the views of FANOUT_VIEWS: {type(exc).__name__}: {exc}") from None
+    return open_views_only(_sqlite_views_of(settings))
+
+
+def open_lookup_views(settings: Settings) -> ViewStore | None:
+    """The views `fanout replay` may look a conversation's key up in, when it is cheap: the
+    data dir's SQLite views read-only (not even a schema migration written) when it has
+    them; None on the distributed runtime (the keys come from the log and the aggregates,
+    no Cassandra session) or when they cannot be opened."""
+    if is_distributed(settings):
+        return None
+    try:
+        return open_views_only(_sqlite_views_of(settings), readonly=True)
+    except Exception:  # no views, or views we cannot open: the keys come from the log
+        return None
+
+
+def _sqlite_views_of(settings: Settings) -> Path:
+    data_dir = Path(settings.data_dir)
+    if not (data_dir / VIEWS_FILE).exists():
+        raise NoStore(f"{data_dir} has no views ({VIEWS_FILE})")
+    return data_dir
+
+
+def capacity_window(settings: Settings, views: ViewStore) -> CapacityProjection:
+    """The capacity window the views hold (T1/T2, ADR-0020): the one state of the embedded
+    runtime, or on the distributed one every log partition's merged."""
+    if is_distributed(settings):
+        return platform_window(settings.params, views, log_partitions(settings))
+    return CapacityProjection(settings.params, state=views.capacity_state(CapacityProjection.name))
 
 
 def log_partitions(settings: Settings) -> int:
