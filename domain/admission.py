@@ -52,6 +52,15 @@ class TokenBucket:
         self.tokens = self.available(now) - cost
         self.updated_at = max(now, self.updated_at)
 
+    @classmethod
+    def charged(
+        cls, state: list[float] | None, cost: float, capacity: float, refill_per_sec: float, now: float
+    ) -> list[float]:
+        """The stored bucket after `cost` tokens were spent at `now` (a Charged event's apply)."""
+        b = cls.resume(state, capacity, refill_per_sec, now)
+        b.take(cost, now)
+        return b.to_state()
+
     def to_state(self) -> list[float]:
         return [self.capacity, self.refill_per_sec, self.tokens, self.updated_at]
 

@@ -58,9 +58,7 @@ class TenantQuota(Aggregate):
 
     @event(Charged)
     def _charged(self, entries: int, conversation_id: str, capacity: float, refill_per_sec: float, at: float) -> None:
-        b = TokenBucket.resume(self.bucket, capacity, refill_per_sec, at)
-        b.take(entries, at)
-        self.bucket = b.to_state()
+        self.bucket = TokenBucket.charged(self.bucket, entries, capacity, refill_per_sec, at)
         self.charged_total += entries
 
 
@@ -144,9 +142,7 @@ class TenantQuotaSlot(Aggregate):
 
     @event(Charged)
     def _charged(self, tokens: float, conversation_id: str, capacity: float, refill_per_sec: float, at: float) -> None:
-        b = TokenBucket.resume(self.bucket, capacity, refill_per_sec, at)
-        b.take(tokens, at)
-        self.bucket = b.to_state()
+        self.bucket = TokenBucket.charged(self.bucket, tokens, capacity, refill_per_sec, at)
         self.charged_total += tokens
 
 

@@ -436,6 +436,13 @@ class DeliveryProjection:
                 changed.append(u)
         return changed
 
+    def _member(self, e: Any, position: int, w: ViewWriter) -> tuple[ConversationModel, UserConversationState] | None:
+        """The conversation's working set and the state of the event's member (`e.user_id`);
+        None when the event was applied before (`_conv`) or the user is no member."""
+        m = self._conv(e, position, w)
+        s = None if m is None else m.members.get(e.user_id)
+        return None if m is None or s is None else (m, s)
+
     def _advance_read(self, m: ConversationModel, s: UserConversationState, read_seq: int) -> None:
         if read_seq <= s.read_conversation_seq:
             return
@@ -460,12 +467,10 @@ class DeliveryProjection:
     ) -> None:
         """The member's read moved to e.read_seq (and their last activity to `active_at`
         when the read is activity)."""
-        m = self._conv(e, position, w)
-        if m is None:
+        found = self._member(e, position, w)
+        if found is None:
             return
-        s = m.members.get(e.user_id)
-        if s is None:
-            return
+        m, s = found
         if active_at is not None:
             s.last_active = active_at
         self._advance_read(m, s, e.read_seq)
@@ -492,12 +497,10 @@ class DeliveryProjection:
 
     @_process.register
     def _rebuild(self, e: Conversation.RebuildRequested, position: int, w: ViewWriter) -> None:
-        m = self._conv(e, position, w)
-        if m is None:
+        found = self._member(e, position, w)
+        if found is None:
             return
-        s = m.members.get(e.user_id)
-        if s is None:
-            return
+        m, s = found
         # Counts are recomputed from the log (mention seqs and broadcasts are
         # kept exactly); unread is exact as of at_seq. The gap stays flagged.
         s.rebuilt_seq = e.at_seq
