@@ -53,7 +53,7 @@ def main() -> int:
     watch = MemoryWatch()
     try:
         behind = [0.0]
-        with bootstrap(load_settings(OPEN_GATES), data, clock=lambda: time.time() - behind[0]) as rt:
+        with bootstrap(load_settings(OPEN_GATES, data_dir=data), clock=lambda: time.time() - behind[0]) as rt:
             rt.start()
             build(rt, args.conversations, args.spread_hours, behind)
         t = time.monotonic()

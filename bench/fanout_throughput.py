@@ -34,6 +34,7 @@ from pathlib import Path
 
 from domain.params import Parameters, Rate
 from fanout.bootstrap import bootstrap
+from fanout.config import Settings
 from fanout.embedded import EmbeddedRuntime
 
 
@@ -70,7 +71,7 @@ def send(rt: EmbeddedRuntime, clock: Clock, cid: str, i: int, members: int) -> i
 
 def bench_fanout(args: argparse.Namespace, root: Path) -> dict[str, float]:
     clock = Clock()
-    rt = bootstrap(params_for_bench(args.members), root / "fanout", clock=clock)
+    rt = bootstrap(Settings.embedded(root / "fanout", params_for_bench(args.members)), clock=clock)
     users = [f"u{i:06d}" for i in range(args.members)]
     rt.app.create_conversation("bench", "big", "benchmark group", users)
     rt.runner.catch_up()
@@ -174,7 +175,7 @@ def bench_naive(args: argparse.Namespace, root: Path) -> dict[str, float]:
 
 def bench_sessions(args: argparse.Namespace, root: Path) -> dict[str, float]:
     clock = Clock()
-    rt = bootstrap(params_for_bench(10), root / "sessions", clock=clock)
+    rt = bootstrap(Settings.embedded(root / "sessions", params_for_bench(10)), clock=clock)
     for i in range(args.sessions):
         cid = f"c{i:05d}"
         rt.app.create_conversation("bench", cid, f"group {i}", ["heavy", f"x{i}", f"y{i}"])

@@ -338,7 +338,7 @@ def in_process(args: argparse.Namespace) -> None:
     print(embedded_durability(), flush=True)
     data = Path(tempfile.mkdtemp(prefix="fanout-bench-http-inproc-"))
     try:
-        with bootstrap(load_settings(OPEN_GATES), data) as rt:
+        with bootstrap(load_settings(OPEN_GATES, data_dir=data)) as rt:
             rt.start()
             members = [f"u{i}" for i in range(args.members)]
             for g in range(args.groups):

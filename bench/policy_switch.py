@@ -18,6 +18,7 @@ from pathlib import Path
 
 from domain.params import Parameters
 from fanout.bootstrap import bootstrap
+from fanout.config import Settings
 
 
 def main() -> None:
@@ -30,7 +31,7 @@ def main() -> None:
         Parameters(), tenant_fanout_quota_capacity=1e12, tenant_fanout_quota_refill_per_sec=1e12
     )
     try:
-        with bootstrap(params, root, clock=lambda: clock[0]) as rt:
+        with bootstrap(Settings.embedded(root, params), clock=lambda: clock[0]) as rt:
             app = rt.app
             app.create_conversation("bench", "big", "", [f"u{i:06d}" for i in range(args.members)])
             rt.runner.catch_up()

@@ -26,6 +26,7 @@ from group_members import member as group_member
 
 from domain.params import Parameters, Rate
 from fanout.bootstrap import bootstrap
+from fanout.config import Settings
 
 
 def main() -> None:
@@ -43,7 +44,7 @@ def main() -> None:
     clock = [1_800_000_000.0]
     params = dataclasses.replace(Parameters(), rate_small=1e6, per_sender_in_conversation_rate=Rate(1e6, 1.0))
     try:
-        with bootstrap(params, root, clock=lambda: clock[0]) as rt:
+        with bootstrap(Settings.embedded(root, params), clock=lambda: clock[0]) as rt:
             for g in range(args.groups):
                 rt.app.create_conversation("bench", f"g{g}", "", [member(g, i) for i in range(args.members)])
             rt.runner.catch_up()

@@ -39,6 +39,7 @@ from domain.errors import RateLimited
 from domain.params import Parameters
 from fanout.bootstrap import DataDirLock, bootstrap
 from fanout.clock import FakeClock
+from fanout.config import Settings
 from fanout.distributed import DistributedRuntime
 from fanout.embedded import EmbeddedRuntime
 from fanout.push import Connection
@@ -154,7 +155,7 @@ def run_demo(
     try:
         prepare_data_dir(data_dir, force)
         clock = FakeClock(float(int(time.time())))
-        rt = bootstrap(params, data_dir, clock=clock, lock=False)
+        rt = bootstrap(Settings.embedded(data_dir, params), clock=clock, lock=False)
         loop = asyncio.new_event_loop()
         try:
             summary = Story(rt, clock, members, o, loop).run()

@@ -52,7 +52,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings, data_dir: Path) -> i
 
     signal.signal(signal.SIGTERM, stop)
     try:
-        runtime: Runtime = open_runtime(settings, data_dir)
+        runtime: Runtime = open_runtime(settings)  # over `data_dir`: main loaded the settings with it
     except BaseException:
         for sock in sockets:
             sock.close()

@@ -15,8 +15,6 @@ handlers each of these gives `fanout/effects.py`."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from fanout.bootstrap.embedded import (
     EMBEDDED_ENGINES,
     DataDirBusy,
@@ -80,9 +78,9 @@ __all__ = [
 ]
 
 
-def open_runtime(settings: Settings, data_dir: Path | str | None = None) -> Runtime:
+def open_runtime(settings: Settings) -> Runtime:
     """The runtime the settings name: the distributed one for postgresql://, kafka:// and
-    cassandra:// URLs, else the embedded one over the data dir (`fanout serve`)."""
+    cassandra:// URLs, else the embedded one over their data dir (`fanout serve`)."""
     if is_distributed(settings):
         return bootstrap_distributed(settings)
-    return bootstrap(settings, data_dir)
+    return bootstrap(settings)

@@ -215,8 +215,7 @@ def open_application(
 
 
 def bootstrap(
-    settings: Settings | Parameters | None = None,
-    data_dir: Path | str | None = None,
+    settings: Settings,
     *,
     clock: Callable[[], float] = time.time,
     views: ViewStore | None = None,
@@ -224,26 +223,20 @@ def bootstrap(
     event_store_env: Mapping[str, str] | None = None,
     lock: bool = True,
 ) -> EmbeddedRuntime:
-    """The embedded runtime over `data_dir` (default: the settings' data dir); settings
-    naming the distributed engines go to `open_runtime` / `bootstrap_distributed`.
+    """The embedded runtime over the settings' data dir (`Settings.embedded(data_dir, params)`
+    for a caller of its own; `fanout.config.load_settings` for the commands); settings naming
+    the distributed engines go to `open_runtime` / `bootstrap_distributed`.
 
-    `settings` is the loaded configuration (`fanout.config.load_settings`), or just the
-    ADR parameters (default ones when None). Adapters given here are used instead of the
-    ones built from the data dir, and the runtime owns them (close() closes them).
-    `lock=False` skips the data dir's lock (a caller that holds it, like the demo)."""
-    if isinstance(settings, Settings):
-        engines = (settings.event_store, settings.log, settings.views)
-        if engines != EMBEDDED_ENGINES:
-            raise ConfigError(
-                f"engines {engines}: bootstrap builds the embedded runtime {EMBEDDED_ENGINES}; the distributed one "
-                "(postgresql://, kafka://, cassandra://) is built by open_runtime / bootstrap_distributed"
-            )
-        params, data_dir = settings.params, settings.data_dir if data_dir is None else data_dir
-    else:
-        params = settings or Parameters()
-    if data_dir is None:
-        raise ValueError("bootstrap needs a data dir (or settings that name one)")
-    data_dir = Path(data_dir)
+    Adapters given here are used instead of the ones built from the data dir, and the
+    runtime owns them (close() closes them). `lock=False` skips the data dir's lock (a caller
+    that holds it, like the demo)."""
+    engines = (settings.event_store, settings.log, settings.views)
+    if engines != EMBEDDED_ENGINES:
+        raise ConfigError(
+            f"engines {engines}: bootstrap builds the embedded runtime {EMBEDDED_ENGINES}; the distributed one "
+            "(postgresql://, kafka://, cassandra://) is built by open_runtime / bootstrap_distributed"
+        )
+    params, data_dir = settings.params, Path(settings.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     data_lock = DataDirLock(data_dir) if lock else None
     if data_lock is not None:

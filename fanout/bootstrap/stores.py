@@ -62,7 +62,7 @@ def open_rebuild_site(settings: Settings) -> RebuildSite:
     store = Path(sqlite_event_store(data_dir)["SQLITE_DBNAME"])
     if not store.exists():
         raise ConfigError(f"{data_dir} has no event store ({store.name}): nothing to rebuild or verify from")
-    rt = bootstrap(settings, data_dir, lock=True)
+    rt = bootstrap(settings, lock=True)
     runner = rt.runner
 
     def catch_up_live(progress: Progress | None) -> None:

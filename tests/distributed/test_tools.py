@@ -23,6 +23,7 @@ from domain.params import Parameters
 from fanout.application import FanoutApplication
 from fanout.bootstrap import bootstrap, postgres_event_store
 from fanout.clock import FakeClock
+from fanout.config import Settings
 from fanout.urls import cassandra_settings
 from tests.distributed.cluster import Cluster, running_cluster
 
@@ -82,7 +83,7 @@ def test_replay_of_the_postgresql_log_equals_the_embedded_one(
 ) -> None:
     start = float(int(time.time()))
     clock = FakeClock(start)
-    with bootstrap(Parameters(), tmp_path / "data", clock=clock) as rt:
+    with bootstrap(Settings.embedded(tmp_path / "data"), clock=clock) as rt:
         commands(rt.app, clock)
     clock = FakeClock(start)
 

@@ -43,7 +43,7 @@ from aiohttp import web
 from api.app import create_app
 from domain.params import Parameters, Rate
 from fanout.bootstrap import bootstrap
-from fanout.config import load_settings, parameter_names
+from fanout.config import Settings, load_settings, parameter_names
 from fanout.runtime import Runtime
 from fanout.security import mint_token
 from tests.distributed.cluster import Cluster, NamespacePool, cluster_for
@@ -211,7 +211,7 @@ class Server:
 @contextlib.contextmanager
 def serving(data_dir: Path, params: Parameters = FAST, *, start_runtime: bool = True) -> Iterator[Server]:
     """An embedded runtime's server over `data_dir`."""
-    runtime = bootstrap(params, data_dir)
+    runtime = bootstrap(Settings.embedded(data_dir, params))
     if start_runtime:
         runtime.start()
     server = Server(runtime, create_app(runtime, SECRET)).start()

@@ -15,6 +15,7 @@ from api.errors import STATUS
 from domain import errors
 from fanout import security
 from fanout.bootstrap import bootstrap
+from fanout.config import Settings
 from tests.e2e.conftest import SECRET, Server
 
 ERRORS: dict[str, type[errors.FanoutError]] = {
@@ -34,7 +35,7 @@ async def raise_error(request: web.Request) -> web.Response:
 
 @pytest.fixture(scope="module")
 def raising_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    runtime = bootstrap(data_dir=tmp_path_factory.mktemp("data")).start()
+    runtime = bootstrap(Settings.embedded(tmp_path_factory.mktemp("data"))).start()
     app = create_app(runtime, SECRET)
     app.router.add_get("/raise/{code}", raise_error)
     server = Server(runtime, app).start()

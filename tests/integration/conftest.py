@@ -11,6 +11,7 @@ import pytest
 from domain.params import Parameters
 from fanout.bootstrap import bootstrap
 from fanout.clock import FakeClock
+from fanout.config import Settings
 
 
 class Harness:
@@ -20,7 +21,7 @@ class Harness:
         self.data_dir = data_dir
         self.params = params
         self.clock = clock
-        self.rt = bootstrap(params, data_dir, clock=clock)
+        self.rt = bootstrap(Settings.embedded(data_dir, params), clock=clock)
 
     @property
     def app(self):  # noqa: ANN201
@@ -36,7 +37,7 @@ class Harness:
 
     def restart(self) -> None:
         self.rt.close()
-        self.rt = bootstrap(self.params, self.data_dir, clock=self.clock)
+        self.rt = bootstrap(Settings.embedded(self.data_dir, self.params), clock=self.clock)
         self.settle()
 
     def log_top(self) -> int:

@@ -13,6 +13,7 @@ from PIL import Image
 from cli.demo import run_demo
 from domain.params import Parameters
 from fanout.bootstrap import bootstrap
+from fanout.config import Settings
 from tests.integration.test_cli import fanout
 from tools.analyze import alpha_report, capacity_report
 from tools.plots import alpha_plot_data, plot_alpha
@@ -38,7 +39,7 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def quiet_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """No review ever decided: one conversation (nobody active after the window) and one message."""
     data_dir = tmp_path_factory.mktemp("plots") / "quiet"
-    with bootstrap(data_dir=data_dir) as rt:
+    with bootstrap(Settings.embedded(data_dir)) as rt:
         rt.app.create_conversation("acme", "general", "General", [f"u{i}" for i in range(30)])
         rt.app.send_message("acme", "general", sender="u0", text="hello")
         rt.runner.catch_up()
@@ -49,7 +50,7 @@ def quiet_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def empty_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Views exist, nothing was ever sent."""
     data_dir = tmp_path_factory.mktemp("plots") / "empty"
-    with bootstrap(data_dir=data_dir) as rt:
+    with bootstrap(Settings.embedded(data_dir)) as rt:
         rt.runner.catch_up()
     return data_dir
 

@@ -19,7 +19,7 @@ PARAMS = Parameters()
 
 def test_a_mailbox_given_to_bootstrap_receives_the_mailbox_entries(tmp_path: Path) -> None:
     mailbox = SqliteMailbox(tmp_path / "given-mailbox.sqlite")
-    with bootstrap(PARAMS, tmp_path / "data", mailbox=mailbox) as rt:
+    with bootstrap(Settings.embedded(tmp_path / "data", PARAMS), mailbox=mailbox) as rt:
         rt.app.create_conversation("acme", "general", "General", ["alice", "bob", "carol"])
         rt.app.send_message("acme", "general", sender="alice", text="hi")
         rt.catch_up()
@@ -28,7 +28,7 @@ def test_a_mailbox_given_to_bootstrap_receives_the_mailbox_entries(tmp_path: Pat
 
 
 def test_the_embedded_runtime_answers_what_the_entry_points_ask(tmp_path: Path) -> None:
-    with bootstrap(PARAMS, tmp_path) as built:
+    with bootstrap(Settings.embedded(tmp_path, PARAMS)) as built:
         rt: Runtime = built
         rt.app.create_conversation("acme", "general", "General", ["alice"])
         assert rt.log_position() > rt.position() == 0 and not rt.running
@@ -46,8 +46,8 @@ def test_settings_naming_other_engines_are_refused_by_the_embedded_bootstrap(tmp
 
 
 def test_a_failed_build_releases_the_data_dir(tmp_path: Path) -> None:
-    bootstrap(PARAMS, tmp_path).close()  # the mailbox now has PARAMS.mailbox_shards shards
+    bootstrap(Settings.embedded(tmp_path, PARAMS)).close()  # the mailbox now has PARAMS.mailbox_shards shards
     with pytest.raises(ShardCountMismatch):
-        bootstrap(Parameters(mailbox_shards=PARAMS.mailbox_shards * 2), tmp_path)
-    with bootstrap(PARAMS, tmp_path), pytest.raises(DataDirBusy):
-        bootstrap(PARAMS, tmp_path)
+        bootstrap(Settings.embedded(tmp_path, Parameters(mailbox_shards=PARAMS.mailbox_shards * 2)))
+    with bootstrap(Settings.embedded(tmp_path, PARAMS)), pytest.raises(DataDirBusy):
+        bootstrap(Settings.embedded(tmp_path, PARAMS))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from domain.params import Parameters, Rate
 from fanout.bootstrap import bootstrap
+from fanout.config import Settings
 from fanout.embedded import EmbeddedRuntime
 
 
@@ -42,7 +43,7 @@ def send_for(rt: EmbeddedRuntime, clock: Clock, cid: str, seconds: float, per_se
 
 def test_sustained_fanout_over_t1_opens_one_review_and_switches_nothing(tmp_path: Path) -> None:
     clock = Clock()
-    with bootstrap(PARAMS, tmp_path, clock=clock) as rt:
+    with bootstrap(Settings.embedded(tmp_path, PARAMS), clock=clock) as rt:
         rt.app.create_conversation("acme", "g", "", [f"u{i}" for i in range(4)])  # small: 4 entries / message
         send_for(rt, clock, "g", seconds=5, per_second=10)  # 40 entries/s: under T1
         assert rt.views.reviews("acme") == []
@@ -58,7 +59,7 @@ def test_sustained_fanout_over_t1_opens_one_review_and_switches_nothing(tmp_path
 
 def test_big_group_writes_over_t2_open_a_review_for_the_large_bucket(tmp_path: Path) -> None:
     clock = Clock()
-    with bootstrap(PARAMS, tmp_path, clock=clock) as rt:
+    with bootstrap(Settings.embedded(tmp_path, PARAMS), clock=clock) as rt:
         rt.app.create_conversation("acme", "big", "", [f"u{i}" for i in range(20)])  # large: 20 entries / message
         send_for(rt, clock, "big", seconds=12, per_second=3)  # 60 entries/s: T2 (>50) but not T1 (>70)
         reviews = rt.views.reviews("acme")
@@ -69,7 +70,7 @@ def test_big_group_writes_over_t2_open_a_review_for_the_large_bucket(tmp_path: P
 
 def test_a_replayed_trigger_does_not_open_the_review_twice(tmp_path: Path) -> None:
     clock = Clock()
-    with bootstrap(PARAMS, tmp_path, clock=clock) as rt:
+    with bootstrap(Settings.embedded(tmp_path, PARAMS), clock=clock) as rt:
         rt.app.create_conversation("acme", "g", "", [f"u{i}" for i in range(4)])
         send_for(rt, clock, "g", seconds=12, per_second=25)
         (review,) = rt.views.reviews("acme")

@@ -20,6 +20,7 @@ import pytest
 from cli.demo import run_demo
 from domain.params import Parameters
 from fanout.bootstrap import DataDirLock
+from fanout.config import Settings
 from tools.replay import event_types
 
 REPO = Path(__file__).resolve().parents[2]
@@ -268,7 +269,7 @@ def test_replay_lists_at_most_a_few_names_and_says_how_many_more(tmp_path: Path)
     from fanout.bootstrap import bootstrap
 
     data_dir = tmp_path / "data"
-    with bootstrap(Parameters(), data_dir) as rt:
+    with bootstrap(Settings.embedded(data_dir)) as rt:
         for i in range(30):
             rt.app.create_conversation("acme", f"room-{i:02d}", "", ["ann"])
     line = one_error_line(fanout("replay", "--data-dir", str(data_dir), "--conversation", "lobby"))
@@ -281,7 +282,7 @@ def test_replay_output_is_strict_json_or_a_clear_error(tmp_path: Path) -> None:
     from fanout.bootstrap import bootstrap
 
     data_dir = tmp_path / "data"
-    with bootstrap(Parameters(), data_dir) as rt:
+    with bootstrap(Settings.embedded(data_dir)) as rt:
         rt.app.create_conversation("acme", "general", "", ["ann"])
         rt.app.open_review("acme", "small", "manual", {"load": float("inf")}, "ops")
     r = fanout("replay", "--data-dir", str(data_dir), "-q")

@@ -102,7 +102,7 @@ def call(base: str, token: str, method: str, path: str, body: Any = None, timeou
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A data dir holding one 100k-member group, projected, server stopped."""
     d = tmp_path_factory.mktemp("crash-template")
-    with bootstrap(Parameters(), d) as rt:
+    with bootstrap(Settings.embedded(d)) as rt:
         rt.app.create_conversation("acme", "big", "crash test", [f"u{i:06d}" for i in range(MEMBERS)])
         rt.runner.catch_up()
     load_or_create_secret(d, None)
@@ -192,7 +192,7 @@ def test_kill_9_during_a_100k_member_fanout_loses_and_duplicates_nothing(
     finally:
         server.stop()
 
-    with bootstrap(Parameters(), data_dir) as rt:
+    with bootstrap(Settings.embedded(data_dir)) as rt:
         stored = {m["message_id"]: m["conversation_seq"] for m in rt.views.messages("acme", "big", 0, 100)}
         assert {a["message_id"] for a in acked} <= set(stored)
         # Exactly one mailbox entry per member per message, no more, no fewer.

@@ -13,13 +13,14 @@ import psutil
 
 from adapters.sqlite.connect import READ_POOL_SIZE
 from fanout.bootstrap import bootstrap
+from fanout.config import Settings
 
 LOGINS = 60
 
 
 def test_concurrent_logins_do_not_grow_open_descriptors_beyond_the_pool() -> None:
     proc = psutil.Process()
-    with bootstrap(data_dir=tempfile.mkdtemp()) as rt:
+    with bootstrap(Settings.embedded(tempfile.mkdtemp())) as rt:
         for i in range(5):
             rt.app.create_conversation("acme", f"g{i}", "G", ["ann", "bob"])
         rt.runner.catch_up()

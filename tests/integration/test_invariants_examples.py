@@ -11,6 +11,7 @@ import pytest
 from domain.delivery import MENTION
 from domain.errors import RateLimited
 from fanout.bootstrap import bootstrap
+from fanout.config import Settings
 from tests.integration.conftest import FakeClock, Harness
 from tests.integration.test_invariants_stateful import MIN_INTERVAL, PARAMS, WINDOW
 
@@ -294,7 +295,6 @@ def test_a_send_and_later_membership_changes_in_one_projection_batch_deliver_to_
 
 
 def test_verify_and_rebuild_agree_with_live_after_membership_changes_that_follow_a_send(h, clock):
-    from fanout.config import Settings
     from tools.rebuild import verify
 
     h.app.create_conversation(T, "c", "", ["a", "b"])
@@ -315,7 +315,6 @@ def test_a_log_written_when_review_lived_in_domain_tier_still_projects_and_verif
     domain.tier:Review.*; they must still resolve, be projected and be verified."""
     import sqlite3
 
-    from fanout.config import Settings
     from tools.rebuild import rebuild, verify
 
     rid = h.app.open_review(T, "small", "manual", {}, "admin")["review_id"]
@@ -332,7 +331,7 @@ def test_a_log_written_when_review_lived_in_domain_tier_still_projects_and_verif
     rebuild(Settings.embedded(h.data_dir, h.params), "all", progress=False)
     report = verify(Settings.embedded(h.data_dir, h.params), progress=False)
     assert report.equal, report.differences
-    h.rt = bootstrap(h.params, h.data_dir, clock=clock)
+    h.rt = bootstrap(Settings.embedded(h.data_dir, h.params), clock=clock)
     h.settle()
     (review,) = h.rt.views.reviews(T)
     assert review["status"] == "decided" and review["decision"] == "enable_mention_only"

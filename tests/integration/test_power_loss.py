@@ -63,7 +63,7 @@ def moments(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("power_loss")
     live = root / "live"
     clock = FakeClock()
-    rt = bootstrap(PARAMS, live, clock=clock)
+    rt = bootstrap(Settings.embedded(live, PARAMS), clock=clock)
     expected: Counter[str] = Counter()
     members = list(MEMBERS)
 
@@ -117,7 +117,7 @@ def put_together(to: Path, *, events: Path, views: Path, mailbox: Path) -> Path:
 def start_and_settle(data_dir: Path) -> list[tuple[str, str, int, int, str, int]]:
     """`fanout serve`'s start (the check of ADR-0056 runs in it), the projector run to the
     end of the log, closed; the mailbox entries it leaves."""
-    rt = bootstrap(PARAMS, data_dir, clock=FakeClock())
+    rt = bootstrap(Settings.embedded(data_dir, PARAMS), clock=FakeClock())
     try:
         rt.start()
         assert rt.wait_until(rt.log_position(), timeout=60)
@@ -171,7 +171,7 @@ def test_views_ahead_of_the_event_store_refuse_to_start(moments: dict[str, Any],
     events would reuse the positions the views hold as applied. The start refuses in one
     line, and `fanout rebuild all`, which it names, rebuilds the views to the event store."""
     data_dir = put_together(tmp_path / "d", events=moments["s1"], views=moments["s2"], mailbox=moments["s2"])
-    rt = bootstrap(PARAMS, data_dir, clock=FakeClock())
+    rt = bootstrap(Settings.embedded(data_dir, PARAMS), clock=FakeClock())
     try:
         with pytest.raises(AheadOfTheLog, match=r"past|event store ends at") as refused:
             rt.start()
@@ -192,7 +192,7 @@ def test_a_mailbox_ahead_of_the_event_store_refuses_to_start(moments: dict[str, 
     """The views and event store of S1 with the mailbox of S2: the mailbox holds entries of
     positions the next events will take. Refused; `fanout rebuild mailbox` repairs it."""
     data_dir = put_together(tmp_path / "d", events=moments["s1"], views=moments["s1"], mailbox=moments["s2"])
-    rt = bootstrap(PARAMS, data_dir, clock=FakeClock())
+    rt = bootstrap(Settings.embedded(data_dir, PARAMS), clock=FakeClock())
     try:
         with pytest.raises(AheadOfTheLog) as refused:
             rt.start()

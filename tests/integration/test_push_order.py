@@ -12,6 +12,7 @@ from pathlib import Path
 
 from domain.params import Parameters, Rate
 from fanout.bootstrap import bootstrap
+from fanout.config import Settings
 from fanout.push import Connection
 from projections.delivery import Delivered
 
@@ -21,7 +22,7 @@ def test_every_push_to_a_materialized_member_finds_its_entry_already_committed(t
     clock = [1_700_000_000.0]
     loop = asyncio.new_event_loop()
     try:
-        with bootstrap(params, tmp_path, clock=lambda: clock[0]) as rt:
+        with bootstrap(Settings.embedded(tmp_path, params), clock=lambda: clock[0]) as rt:
             members = [f"u{i:03d}" for i in range(200)]
             rt.app.create_conversation("acme", "g", "", members)
             online = members[::7]

@@ -10,14 +10,14 @@ from adapters.memory import MemoryViews
 from domain.params import Parameters
 from fanout.bootstrap import bootstrap
 from fanout.clock import FakeClock
+from fanout.config import Settings
 
 
 def test_the_readme_story_runs_on_the_in_memory_adapters(tmp_path: Path) -> None:
     clock = FakeClock()
     views = MemoryViews()
     rt = bootstrap(
-        Parameters(mailbox_shards=4),
-        tmp_path,
+        Settings.embedded(tmp_path, Parameters(mailbox_shards=4)),
         clock=clock,
         views=views,
         event_store_env={"PERSISTENCE_MODULE": "eventsourcing.popo"},

@@ -25,6 +25,7 @@ from domain.params import Parameters
 from domain.review import Review
 from domain.tier import Tier
 from fanout.bootstrap import bootstrap
+from fanout.config import Settings
 from fanout.embedded import EmbeddedRuntime
 
 T = "t1"
@@ -42,7 +43,7 @@ class Clock:
 @pytest.fixture
 def runtime(tmp_path: Path) -> Iterator[EmbeddedRuntime]:
     clock = Clock()
-    rt = bootstrap(PARAMS, tmp_path / "data", clock=clock)
+    rt = bootstrap(Settings.embedded(tmp_path / "data", PARAMS), clock=clock)
     rt.clock_obj = clock  # type: ignore[attr-defined]
     try:
         yield rt

@@ -20,6 +20,7 @@ from domain.params import Parameters
 from domain.quota import TenantQuota
 from domain.tier import Tier
 from fanout.bootstrap import bootstrap
+from fanout.config import Settings
 from fanout.embedded import EmbeddedRuntime
 
 PARAMS = Parameters(max_group_members=50, small_max_members=10, medium_max_members=20)
@@ -36,7 +37,7 @@ class Clock:
 
 @pytest.fixture
 def rt(tmp_path: Path) -> Iterator[EmbeddedRuntime]:
-    runtime = bootstrap(PARAMS, tmp_path / "data", clock=Clock())
+    runtime = bootstrap(Settings.embedded(tmp_path / "data", PARAMS), clock=Clock())
     try:
         runtime.app.create_conversation("acme", "x/secret", "acme's", ["ann", "bob"])
         runtime.app.send_message("acme", "x/secret", sender="ann", text="for acme only")
