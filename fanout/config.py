@@ -39,9 +39,10 @@ MAX_CLOCK_SKEW_CEILING = 1800.0  # FANOUT_MAX_CLOCK_SKEW's largest value: two re
 
 
 # Variables of the project's tooling, not settings of a fanout process: the engine scripts
-# (infra/engines: FANOUT_ENGINES, FANOUT_ENGINES_DIR, ...), the test suite's knobs and its
-# fault-injection points (projections/failpoints.py).
-TOOLING_PREFIXES = ("FANOUT_ENGINES", "FANOUT_INVARIANT_", "FANOUT_FAILPOINTS")
+# (infra/engines: FANOUT_ENGINES, FANOUT_ENGINES_DIR, ...), the test suite's knobs
+# (FANOUT_TESTS_WITHOUT_ENGINES of `make test-fast`, which the processes the tests start
+# inherit) and its fault-injection points (projections/failpoints.py).
+TOOLING_PREFIXES = ("FANOUT_ENGINES", "FANOUT_INVARIANT_", "FANOUT_TESTS_", "FANOUT_FAILPOINTS")
 
 
 def parse_duration(text: str) -> float:

@@ -13,7 +13,16 @@ def test_a_misspelt_setting_is_refused_by_name() -> None:
         load_settings({"FANOUT_MAX_GROUP_MEMBER": "10"})
 
 
-@pytest.mark.parametrize("name", ["FANOUT_ENGINES", "FANOUT_ENGINES_DIR", "FANOUT_ENGINES_CACHE", "FANOUT_INVARIANT_EXAMPLES"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "FANOUT_ENGINES",
+        "FANOUT_ENGINES_DIR",
+        "FANOUT_ENGINES_CACHE",
+        "FANOUT_INVARIANT_EXAMPLES",
+        "FANOUT_TESTS_WITHOUT_ENGINES",
+    ],
+)
 def test_the_engine_scripts_and_test_knobs_are_not_settings(name: str) -> None:
     settings = load_settings({name: "x", "FANOUT_MAX_GROUP_MEMBERS": "10"})
     assert settings.params.max_group_members == 10
