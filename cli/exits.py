@@ -47,10 +47,12 @@ def exit_code(exc: BaseException, data_dir: Path | None = None, *, engine_down: 
         return _say(str(exc), code)
     if isinstance(exc, FanoutError):  # e.g. a claim the token refuses
         return _say(f"{exc.code}: {exc.message}", 2)
-    if isinstance(exc, Exception):  # a full disk or an unwritable data dir: one line, no traceback (ADR-0010)
-        message = startup_error(data_dir or Path("."), exc)
+    if isinstance(exc, Exception) and data_dir is not None:  # a full disk or an unwritable data dir (ADR-0010)
+        message = startup_error(data_dir, exc)
         if message is not None:
             return _say(message, 2)
+    elif isinstance(exc, OSError):  # a command with no data dir of its own: the error's own words
+        return _say(str(exc), 2)
     return None
 
 
