@@ -20,6 +20,7 @@ from fanout.config import ConfigError, EngineUnavailable, Settings, is_distribut
 from fanout.urls import cassandra_settings, kafka_settings
 from projections.capacity import CapacityProjection
 from projections.capacity_monitor import platform_window
+from projections.failures import first_line
 from projections.ports import ALL_TARGETS, AsideBuilds, StoreLayoutError, ViewStore
 from streams.embedded import EmbeddedRunner
 
@@ -88,11 +89,11 @@ def open_rebuild_site(settings: Settings) -> RebuildSite:
 def _cassandra_site(settings: Settings) -> RebuildSite:
     from adapters.cassandra.rebuild import CassandraAsideBuilds
 
-    app = open_application_for(settings)
+    live = open_distributed_views(settings)  # first: a keyspace of an old layout is refused before the log is read
     try:
-        live = open_distributed_views(settings)
+        app = open_application_for(settings)
     except BaseException:
-        app.close()
+        live.close()
         raise
     aside = CassandraAsideBuilds(
         live.session, live.keyspace, lambda keyspace: open_distributed_views(settings, keyspace=keyspace)
@@ -145,7 +146,7 @@ def open_application_for(settings: Settings, data_dir: Path | str | None = None,
             if app is not None:
                 app.close()
             raise EngineUnavailable(
-                f"cannot read the event store of FANOUT_EVENT_STORE: {type(exc).__name__}: {exc}"
+                f"cannot read the event store of FANOUT_EVENT_STORE: {type(exc).__name__}: {first_line(exc)}"
             ) from None
         return app
     where = Path(settings.data_dir if data_dir is None else data_dir)
