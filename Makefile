@@ -8,10 +8,11 @@ STAMP := $(VENV)/.installed
 	install-distributed engines-up engines-down engines-check test-engine-restarts \
 	cluster-up cluster-down test-cluster
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml clients/python/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test,dev,distributed]'
+	$(BIN)/pip install --quiet -e clients/python  # the Python SDK, fanout-client (tests/clients)
 	touch $(STAMP)
 
 install: $(STAMP)
