@@ -47,6 +47,7 @@ class ServiceClient:
         self._own_session = session is None
         self._session = session or aiohttp.ClientSession()
         self.http = Http(self._session, url, Token(token, refresh_token), max_retries, rng or random.Random())
+        self.position = 0  # the highest log position a write answered: reads wait for it (read-your-writes)
 
     async def __aenter__(self) -> ServiceClient:
         return self
@@ -58,6 +59,13 @@ class ServiceClient:
         if self._own_session:
             await self._session.close()
 
+    async def _write(self, method: str, path: str, body: Any = None) -> Any:
+        answer, headers = await self.http.call(method, path, body)
+        position = headers.get("X-Fanout-Position", "")
+        if position.isdigit():
+            self.position = max(self.position, int(position))
+        return answer
+
     async def create_conversation(
         self, conversation_id: str | None = None, *, title: str | None = None, members: list[str] | None = None
     ) -> ConversationCreated:
@@ -65,21 +73,20 @@ class ServiceClient:
         for key, value in (("conversation_id", conversation_id), ("title", title), ("members", members)):
             if value is not None:
                 body[key] = value
-        answer, _ = await self.http.call("POST", "/v1/conversations", body)
+        answer = await self._write("POST", "/v1/conversations", body)
         return ConversationCreated.model_validate(answer)
 
     async def add_members(self, conversation_id: str, user_ids: list[str]) -> MembersAdded:
-        answer, _ = await self.http.call(
-            "POST", f"/v1/conversations/{_id(conversation_id)}/members", {"user_ids": user_ids}
-        )
+        answer = await self._write("POST", f"/v1/conversations/{_id(conversation_id)}/members", {"user_ids": user_ids})
         return MembersAdded.model_validate(answer)
 
     async def remove_member(self, conversation_id: str, user_id: str) -> MemberRemoved:
-        answer, _ = await self.http.call("DELETE", f"/v1/conversations/{_id(conversation_id)}/members/{_id(user_id)}")
+        answer = await self._write("DELETE", f"/v1/conversations/{_id(conversation_id)}/members/{_id(user_id)}")
         return MemberRemoved.model_validate(answer)
 
     async def head(self, conversation_id: str) -> ConversationHead:
-        answer, _ = await self.http.call("GET", f"/v1/conversations/{_id(conversation_id)}")
+        params = {"min_position": self.position} if self.position else None
+        answer, _ = await self.http.call("GET", f"/v1/conversations/{_id(conversation_id)}", params=params)
         return ConversationHead.model_validate(answer)
 
     async def send(
@@ -94,7 +101,7 @@ class ServiceClient:
         """One send (`options`: mentions, mention_all, reply_to_seq, announcement); retried
         under one client_msg_id, generated when not given."""
         body = {"sender": sender, "text": text, **options, "client_msg_id": client_msg_id or new_client_msg_id()}
-        answer, _ = await self.http.call("POST", f"/v1/conversations/{_id(conversation_id)}/messages", body)
+        answer = await self._write("POST", f"/v1/conversations/{_id(conversation_id)}/messages", body)
         return SendResult.model_validate(answer)
 
     async def send_batch(self, messages: list[dict[str, Any]]) -> BatchResult:
@@ -103,5 +110,5 @@ class ServiceClient:
         sends none twice. A refused message is a result with its `status` and error, not an
         exception; retry those with `messages` of the same ids."""
         body = {"messages": [{**m, "client_msg_id": m.get("client_msg_id") or new_client_msg_id()} for m in messages]}
-        answer, _ = await self.http.call("POST", "/v1/messages/batch", body)
+        answer = await self._write("POST", "/v1/messages/batch", body)
         return BatchResult.model_validate(answer)
