@@ -9,8 +9,9 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from fanout_client.client import UserClient
+from fanout_client.client import NotCaughtUp, UserClient
 from fanout_client.errors import FanoutClientError
+from fanout_client.http import Refresh
 from fanout_client.stores import SqliteStore
 
 EXIT_OK, EXIT_BEHIND, EXIT_REFUSED = 0, 1, 2
@@ -64,7 +65,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def token_command(command: str | None):  # type: ignore[no-untyped-def]
+def token_command(command: str | None) -> Refresh | None:
+    """The refresh callback of --token-command: its stdout, stripped (no token when it fails)."""
     if command is None:
         return None
 
@@ -101,8 +103,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code = asyncio.run(run(args))
     except FanoutClientError as exc:
-        from fanout_client.client import NotCaughtUp
-
         print(f"fanout-client: error: {exc}", file=sys.stderr)
         code = EXIT_BEHIND if isinstance(exc, NotCaughtUp) else EXIT_REFUSED
     except KeyboardInterrupt:
