@@ -68,19 +68,39 @@ serve: $(STAMP)
 browser:
 	infra/browser/chromium-up.sh
 
+# The whole suite: the tests that restart or kill an engine (`engine_restart`) on engines of
+# their own, beside everything else on TEST_WORKERS pytest processes (pytest-xdist; each test
+# has namespaces of its own) sharing one set of engines. Each set is started when it is down
+# and stopped after (infra/testcontainers/engines.py run). The target fails if either part did;
+# the restarts' output is printed after the rest (and kept in $(RESTARTS_LOG)).
+TEST_WORKERS ?= 3
+RESTARTS_LOG ?= /tmp/fanout-test-engine-restarts.log
+RESTARTS_ENGINES := FANOUT_ENGINES_DIR=$${FANOUT_RESTARTS_ENGINES_DIR:-/tmp/fanout-engines-restarts} \
+	FANOUT_ENGINES_POSTGRES_PORT=45432 FANOUT_ENGINES_KAFKA_PORT=39092 FANOUT_ENGINES_KAFKA_CONTROLLER_PORT=39093 \
+	FANOUT_ENGINES_CASSANDRA_PORT=39042 FANOUT_ENGINES_CASSANDRA_STORAGE_PORT=37000
 test: $(STAMP) browser
-	$(BIN)/python -m pytest
+	@status=0; \
+	$(RESTARTS_ENGINES) $(BIN)/python infra/testcontainers/engines.py run -- \
+	  $(BIN)/python -m pytest -p no:cacheprovider --durations=10 -m engine_restart > $(RESTARTS_LOG) 2>&1 & \
+	restarts=$$!; \
+	$(BIN)/python infra/testcontainers/engines.py run -- \
+	  $(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=20 -m "not engine_restart" || status=1; \
+	wait $$restarts || status=1; \
+	echo "--- the tests that restart or kill an engine, on engines of their own ($(RESTARTS_LOG)):"; \
+	tail -n 60 $(RESTARTS_LOG); \
+	exit $$status
 
-# The crash tests that restart Kafka and Cassandra, alone (they are in `make test` too).
+# The tests that restart or kill Kafka and Cassandra, alone, on the engines in use (`make test` runs
+# them beside the rest, on engines of their own).
 test-engine-restarts: $(STAMP)
-	$(BIN)/python -m pytest -m engine_restart tests/distributed/test_crash.py
+	$(BIN)/python -m pytest -m engine_restart
 
 # Everything that needs neither engines nor a browser: no Java, PostgreSQL or Chromium (tests/conftest.py).
 test-fast: $(STAMP)
 	FANOUT_TESTS_WITHOUT_ENGINES=1 $(BIN)/python -m pytest -m "not engines and not browser"
 
 lint: $(STAMP)
-	$(BIN)/ruff check domain projections adapters streams fanout tools api cli tests bench
+	$(BIN)/ruff check domain projections adapters streams fanout tools api cli tests bench clients
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -100,6 +101,7 @@ class Keyspaces:
         self.free: list[str] = []
         self._session: Any = None
         self._reference: set[tuple[str, str, str, str]] | None = None
+        self._lock = threading.RLock()  # the e2e namespaces take and give back from a thread of their own
 
     def _columns(self, keyspace: str) -> set[tuple[str, str, str, str]]:
         rows = self.session().execute(
@@ -109,6 +111,10 @@ class Keyspaces:
         return {(r[0], r[1], r[2], r[3]) if not isinstance(r, dict) else tuple(r.values()) for r in rows}
 
     def session(self) -> Any:
+        with self._lock:
+            return self._open_session()
+
+    def _open_session(self) -> Any:
         if self._session is None:
             from cassandra.cluster import Cluster
 
@@ -120,6 +126,10 @@ class Keyspaces:
 
     def reference(self) -> set[tuple[str, str, str, str]]:
         """The columns of the current schema, from a keyspace made with it once a session."""
+        with self._lock:
+            return self._reference_columns()
+
+    def _reference_columns(self) -> set[tuple[str, str, str, str]]:
         if self._reference is None:
             from adapters.cassandra.schema import ALL_TABLES, create_schema
 

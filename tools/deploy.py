@@ -92,9 +92,10 @@ class Namespace:
         except psycopg.Error as exc:
             raise NamespaceError(f"PostgreSQL at {self.engines['FANOUT_EVENT_STORE']}: {exc}") from None
 
-    def drop(self, *, topics: bool = True) -> list[str]:
+    def drop(self, *, topics: bool = True, keyspace: bool = True) -> list[str]:
         """Drop the database, the topic and its .pushes topic (unless not `topics`) and the
-        keyspace, each whatever became of the others; returns what could not be dropped."""
+        keyspace (unless not `keyspace`), each whatever became of the others; returns what
+        could not be dropped."""
         failed = []
         try:
             import psycopg
@@ -108,10 +109,11 @@ class Namespace:
                 self._drop_topics()
             except Exception as exc:
                 failed.append(f"topic {self.name}: {exc}")
-        try:
-            self._drop_keyspace()
-        except Exception as exc:
-            failed.append(f"keyspace {self.name}: {exc}")
+        if keyspace:
+            try:
+                self._drop_keyspace()
+            except Exception as exc:
+                failed.append(f"keyspace {self.name}: {exc}")
         return failed
 
     def _drop_topics(self) -> None:

@@ -35,6 +35,8 @@ off for them so they outlive this process, and their ids are kept in the engines
 
     python infra/testcontainers/engines.py up
     python infra/testcontainers/engines.py down
+    python infra/testcontainers/engines.py run -- COMMAND   # `make test`: one set of engines for
+                                                            # all its pytest processes
 
 Fail-loudly policy: an engine that cannot start raises EngineStartError (the CLI exits 1) with
 the cause and the container's log tail; nothing is ever skipped.
@@ -307,9 +309,29 @@ def cli_down() -> int:
     return rc
 
 
+def cli_run(command: list[str]) -> int:
+    """Run `command` with the engines up: those of the env file when they answer (left
+    running), else started here and stopped when it ends. Several pytest processes (`make
+    test`'s workers) then share one set of engines that none of them owns."""
+    with engines_in_use():
+        return subprocess.call(command)
+
+
+USAGE = (
+    "usage: engines.py up|down        containers (FANOUT_ENGINES=local: infra/engines/up.sh)\n"
+    "       engines.py run -- COMMAND  COMMAND with the engines up (started and stopped around it if down)"
+)
+
+
 def main(argv: list[str]) -> int:
+    if argv[:2] == ["run", "--"] and len(argv) > 2:
+        try:
+            return cli_run(argv[2:])
+        except EngineStartError as exc:
+            print(f"engines: ERROR: the engines did not start: {exc}", file=sys.stderr)
+            return 1
     if len(argv) != 1 or argv[0] not in ("up", "down"):
-        print("usage: engines.py up|down  (containers; FANOUT_ENGINES=local uses infra/engines/up.sh)", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     try:
         return cli_up() if argv[0] == "up" else cli_down()

@@ -14,13 +14,16 @@ from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fanout.bootstrap import bootstrap_distributed, open_cassandra_views
 from fanout.config import load_settings
 from fanout.distributed import DistributedRuntime
 from fanout.urls import cassandra_settings
 from tools.deploy import Fleet, Namespace, process_env
+
+if TYPE_CHECKING:
+    from tests.engines import Keyspaces
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,10 +90,20 @@ class Cluster:
         """Until the views hold everything written so far (relay and workers caught up)."""
         rt = rt or self.runtimes[0]
         if not rt.wait_until(rt.log_position(), timeout):
-            logs = {n: self.log_of(n)[-1500:] for n in self.procs}
             raise AssertionError(
-                f"views at {rt.position()}, log at {rt.log_position()} after {timeout} s; logs: {logs}"
+                f"views at {rt.position()}, log at {rt.log_position()} after {timeout} s\n" + self.state(rt)
             )
+
+    def state(self, rt: DistributedRuntime) -> str:
+        """What a failed wait shows: each partition's tracked positions, the partitions each
+        worker says it holds, and the end of every process's log."""
+        try:
+            tracked = sorted(rt.views.positions().items())
+        except Exception as exc:  # the views away: say so and show the logs anyway
+            tracked = [(("unreadable", -1), repr(exc))]  # type: ignore[list-item]
+        held = rt.links.worker_partitions()
+        logs = "\n".join(f"--- {n}:\n{self.log_of(n)}" for n in self.procs)
+        return f"tracked (projection, partition) -> position: {tracked}\nheld: {sorted(held)}\n{logs}"
 
     def close(self, sig: int = signal.SIGTERM) -> None:
         """Close the replicas, then end the subprocesses with `sig` (SIGKILL when the
@@ -171,17 +184,39 @@ class NamespacePool:
     queued by `prefetch()`, which a caller makes once its deployment is up. `expected` bounds
     it: no namespace is prepared beyond the number the suite will take."""
 
-    def __init__(self, engines: Mapping[str, str], expected: int, partitions: int = 4) -> None:
+    def __init__(
+        self, engines: Mapping[str, str], expected: int, partitions: int = 4, keyspaces: Keyspaces | None = None
+    ) -> None:
+        """`keyspaces`: the session's pool of emptied keyspaces (tests/engines.py), which the
+        deployments then take and give back instead of creating and dropping their own."""
         self.engines = dict(engines)
         self.partitions = partitions
         self.remaining = expected
+        self.keyspaces = keyspaces
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="namespaces")
         self._next: Future[dict[str, str]] | None = None
         self._returned: list[dict[str, str]] = []
         self._dropping: list[Future[None]] = []
 
+    def _create(self) -> dict[str, str]:
+        if self.keyspaces is None:
+            return create_namespace(self.engines, self.partitions, schema=True)
+        urls = create_namespace(self.engines, self.partitions)
+        urls["FANOUT_VIEWS"] = self.keyspaces.take()
+        open_cassandra_views(cassandra_settings(urls["FANOUT_VIEWS"]), partitions=self.partitions).close()
+        return urls
+
+    def _drop(self, urls: Mapping[str, str]) -> None:
+        if self.keyspaces is None:
+            return drop_namespace(urls)
+        failed = Namespace.of(urls).drop(topics=False, keyspace=False)
+        self.keyspaces.give_back(urls["FANOUT_VIEWS"])
+        if failed:
+            raise RuntimeError(f"could not drop {'; '.join(failed)}")
+        return None
+
     def _prepare(self) -> Future[dict[str, str]]:
-        return self._worker.submit(create_namespace, self.engines, self.partitions, schema=True)
+        return self._worker.submit(self._create)
 
     def take(self) -> dict[str, str]:
         """A prepared namespace (prepared now if none is)."""
@@ -202,7 +237,7 @@ class NamespacePool:
 
     def _drop_returned(self) -> None:
         while self._returned:
-            self._dropping.append(self._worker.submit(drop_namespace, self._returned.pop()))
+            self._dropping.append(self._worker.submit(self._drop, self._returned.pop()))
 
     def close(self) -> None:
         if self._next is not None:

@@ -1,5 +1,5 @@
 """Crash tests of the distributed runtime on the real engines: during the fan-out of
-messages to a large group (20,000 members, FANOUT_CRASH_MEMBERS), kill -9 an API replica (a sender subprocess), the relay
+messages to a large group (10,000 members, FANOUT_CRASH_MEMBERS), kill -9 an API replica (a sender subprocess), the relay
 or a worker, or restart the Kafka broker or Cassandra; then every member's mailbox holds
 each message exactly once, every count is exact, and the Cassandra views equal what the
 embedded projection code builds from the same PostgreSQL log (in memory), and `fanout verify`
@@ -58,7 +58,7 @@ pytestmark = pytest.mark.slow
 
 T = "acme"
 CID = "big"
-MEMBERS = int(os.environ.get("FANOUT_CRASH_MEMBERS", "20000"))
+MEMBERS = int(os.environ.get("FANOUT_CRASH_MEMBERS", "10000"))
 IN_FLIGHT = 16  # a round's requests in the air (the URL's in_flight; 200 by default)
 RUNS = int(os.environ.get("FANOUT_CRASH_RUNS", "1"))  # the cluster scenarios' runs (tests/cluster)
 PER_RUN = int(os.environ.get("FANOUT_CRASH_MESSAGES", "2"))  # messages per run

@@ -107,7 +107,7 @@ class DistributedMachine(inv.FanoutMachine):
 
 
 DistributedMachine.TestCase.settings = settings(
-    max_examples=int(os.environ.get("FANOUT_DISTRIBUTED_INVARIANT_EXAMPLES", "8")),
+    max_examples=int(os.environ.get("FANOUT_DISTRIBUTED_INVARIANT_EXAMPLES", "6")),
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

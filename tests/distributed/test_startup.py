@@ -3,7 +3,7 @@ replicas started at the same moment, on fresh engines or on existing tables, all
 
 * Four processes that only open the stores as the real ones do (tests/distributed/
   open_stores.py: the event store with its tables, the event and pushes topics), released at
-  the same moment by a line on their stdin once all have imported: ten rounds on fresh
+  the same moment by a line on their stdin once all have imported: four rounds on fresh
   namespaces (own database and topic) and, after each, a simultaneous restart on the tables
   the round created; after every round a message is sent and read back from the store. Before
   ADR-0022, 9 of 10 fresh rounds and 6 to 9 of 10 restarts (two runs) lost a process
@@ -45,11 +45,13 @@ from streams.worker import free_port
 from tests.distributed.cluster import Cluster, cluster_for, create_namespace, drop_namespace
 from tests.engines import unique, with_path, with_query
 
-pytestmark = pytest.mark.slow  # about 45 processes started; 1.5-2.5 min on 2 cores
+pytestmark = pytest.mark.slow  # about 20 processes started
 
 ROOT = Path(__file__).resolve().parents[2]
 T = "acme"
-ROUNDS = 10
+# Before ADR-0022 a fresh round lost a process 9 times in 10 and a restart 6-9 times in 10:
+# four rounds miss a regression of the fresh case once in 10,000 runs (FANOUT_STARTUP_ROUNDS).
+ROUNDS = int(os.environ.get("FANOUT_STARTUP_ROUNDS", "4"))
 PROCESSES = 4
 PARTITIONS = 4
 

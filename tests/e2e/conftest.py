@@ -47,6 +47,7 @@ from fanout.config import Settings, load_settings, parameter_names
 from fanout.runtime import Runtime
 from fanout.security import mint_token
 from tests.distributed.cluster import Cluster, NamespacePool, cluster_for
+from tests.engines import Keyspaces
 
 SECRET = "e2e-secret-" + "x" * 40
 RUNTIMES = ("embedded", "distributed")
@@ -260,8 +261,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def namespaces(engines: dict[str, str]) -> Iterator[NamespacePool]:
-    pool = NamespacePool(engines, expected=max(1, len(_distributed_modules)))
+def namespaces(engines: dict[str, str], keyspaces: Keyspaces) -> Iterator[NamespacePool]:
+    pool = NamespacePool(engines, expected=max(1, len(_distributed_modules)), keyspaces=keyspaces)
     try:
         yield pool
     finally:

@@ -35,6 +35,8 @@ from fanout.config import Settings
 from fanout.security import load_or_create_secret, mint_token
 from tools.rebuild import verify
 
+pytestmark = pytest.mark.slow  # a 100k-member fan-out per case
+
 MEMBERS = 100_000
 SENDERS = ["u000001", "u000002", "u000003"]
 MENTIONED = "u099999"

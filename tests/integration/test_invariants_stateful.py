@@ -38,6 +38,8 @@ from domain.review import Review
 from domain.tier import Tier
 from tests.integration.conftest import FakeClock, Harness
 
+pytestmark = pytest.mark.slow  # the machines run for a minute or two
+
 T = "t"
 USERS = tuple(f"u{i}" for i in range(14))
 CIDS = ("c0", "c1")
