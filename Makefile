@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: install demo test test-fast lint typecheck bench serve clean browser \
-	install-distributed engines-up engines-down engines-check test-engine-restarts \
+	install-distributed engines-up engines-down engines-check test-engine-restarts test-on-engines \
 	cluster-up cluster-down test-cluster
 
 $(STAMP): pyproject.toml clients/python/pyproject.toml
@@ -68,30 +68,21 @@ serve: $(STAMP)
 browser:
 	infra/browser/chromium-up.sh
 
-# The whole suite: the tests that restart or kill an engine (`engine_restart`) on engines of
-# their own, beside everything else on TEST_WORKERS pytest processes (pytest-xdist; each test
-# has namespaces of its own) sharing one set of engines. Each set is started when it is down
-# and stopped after (infra/testcontainers/engines.py run). The target fails if either part did;
-# the restarts' output is printed after the rest (and kept in $(RESTARTS_LOG)).
+# The whole suite on one set of engines (started here when they are down, stopped after:
+# infra/testcontainers/engines.py run): first everything but the tests that restart or kill a
+# shared engine, on TEST_WORKERS pytest processes (pytest-xdist; each test has namespaces of its
+# own on the engines), then those alone (ADR-0058). Both parts run; the target fails if either did.
 TEST_WORKERS ?= 3
-RESTARTS_LOG ?= /tmp/fanout-test-engine-restarts.log
-RESTARTS_ENGINES := FANOUT_ENGINES_DIR=$${FANOUT_RESTARTS_ENGINES_DIR:-/tmp/fanout-engines-restarts} \
-	FANOUT_ENGINES_POSTGRES_PORT=45432 FANOUT_ENGINES_KAFKA_PORT=39092 FANOUT_ENGINES_KAFKA_CONTROLLER_PORT=39093 \
-	FANOUT_ENGINES_CASSANDRA_PORT=39042 FANOUT_ENGINES_CASSANDRA_STORAGE_PORT=37000
 test: $(STAMP) browser
+	$(BIN)/python infra/testcontainers/engines.py run -- $(MAKE) --no-print-directory test-on-engines
+
+test-on-engines:
 	@status=0; \
-	$(RESTARTS_ENGINES) $(BIN)/python infra/testcontainers/engines.py run -- \
-	  $(BIN)/python -m pytest -p no:cacheprovider --durations=10 -m engine_restart > $(RESTARTS_LOG) 2>&1 & \
-	restarts=$$!; \
-	$(BIN)/python infra/testcontainers/engines.py run -- \
-	  $(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=20 -m "not engine_restart" || status=1; \
-	wait $$restarts || status=1; \
-	echo "--- the tests that restart or kill an engine, on engines of their own ($(RESTARTS_LOG)):"; \
-	tail -n 60 $(RESTARTS_LOG); \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --durations=20 -m "not engine_restart" || status=1; \
+	$(BIN)/python -m pytest --durations=10 -m engine_restart || status=1; \
 	exit $$status
 
-# The tests that restart or kill Kafka and Cassandra, alone, on the engines in use (`make test` runs
-# them beside the rest, on engines of their own).
+# The tests that restart or kill Kafka and Cassandra, alone (`make test` runs them after the rest).
 test-engine-restarts: $(STAMP)
 	$(BIN)/python -m pytest -m engine_restart
 

@@ -38,6 +38,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.engines)
         if "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.browser)
-    # The `slow` tests (one to six minutes each) first, the rest in their order: on several
-    # processes (`make test`, pytest-xdist) a long test started last would run alone at the end.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
