@@ -445,15 +445,20 @@ class Supervisor:
 # -- where a fault landed ----------------------------------------------------------------------------
 
 
-def mid_fanout(d: Deployment, first: int, count: int) -> dict[int, float]:
+def mid_fanout(d: Deployment, first: int, count: int, *, inside_a_message: bool = False) -> dict[int, float]:
     """The run's messages `first`..: the mailbox entries of each in the table (a scan: a
     member's read finds an entry only once the unit's hour rows landed too), asserted
-    strictly between none and all of the run's (the fault landed in the fan-out). Returns
-    the fraction of the members holding each."""
+    strictly between none and all of the run's (the fault landed in the run's fan-out), and
+    with `inside_a_message` strictly between none and all members for one of them (the fault
+    landed inside that message's mailbox round: a worker's fault at `commit.mailbox.part`; at a
+    later step of the commit every message of the unit is whole). Returns the fraction of the
+    members holding each."""
     mb: Any = d.rt.views.mailbox
     have = collections.Counter(seq for _t, _u, _pos, seq, _c, _f in mb.all_entries())
     at = {s: have[s] / MEMBERS for s in range(first, first + count)}
     assert 0 < sum(have[s] for s in at) < count * MEMBERS, f"the fault landed outside the fan-out: {fmt(at)}"
+    if inside_a_message:
+        assert any(0 < have[s] < MEMBERS for s in at), f"the fault landed outside a message's fan-out: {fmt(at)}"
     return at
 
 
@@ -559,8 +564,12 @@ def test_b_kill_9_of_the_relay(deployment: Deployment) -> None:
     d.cluster.start("relay")
     took = settle(d)
     latest = check_run(d)
-    note(d, f"b: relay killed at relay.produced (relayed through {relayed}, log at {d.latest()}; fan-out "
-         f"{fmt(at_kill)}); caught up {took:.1f} s after its restart, latest seq {latest}", started)
+    note(
+        d,
+        f"b: relay killed at relay.produced (relayed through {relayed}, log at {d.latest()}; fan-out "
+        f"{fmt(at_kill)}); caught up {took:.1f} s after its restart, latest seq {latest}",
+        started,
+    )
     d.notes.append(verify(d))
 
 
@@ -593,7 +602,7 @@ def test_c_kill_9_of_a_worker_the_other_takes_over(deployment: Deployment) -> No
     assert victim == owner, (victim, held)
     assert exited(c.procs[victim]) == -signal.SIGKILL
     killed_at = time.monotonic()
-    at_kill = mid_fanout(d, first, PER_RUN)
+    at_kill = mid_fanout(d, first, PER_RUN, inside_a_message=True)
     other = "worker-2" if victim == "worker" else "worker"
     while True:  # the other takes the partition over after the session timeout
         g, ps = assignment(c, other)
@@ -604,8 +613,12 @@ def test_c_kill_9_of_a_worker_the_other_takes_over(deployment: Deployment) -> No
     takeover = time.monotonic() - killed_at
     took = settle(d)
     latest = check_run(d)
-    note(d, f"c: {victim} (partition {part}) killed at commit.{STEP} ({fmt(at_kill)}); {other} took the "
-         f"partition over {takeover:.1f} s later and caught up {took:.1f} s after; latest seq {latest}", started)
+    note(
+        d,
+        f"c: {victim} (partition {part}) killed at commit.{STEP} ({fmt(at_kill)}); {other} took the "
+        f"partition over {takeover:.1f} s later and caught up {took:.1f} s after; latest seq {latest}",
+        started,
+    )
     d.notes.append(verify(d))
 
 
@@ -620,7 +633,7 @@ def restart_under_a_stopped_worker(d: Deployment, tag: str, engine: str, sup: Su
     d.send(tag, PER_RUN - 1)
     pid = d.fired_in(f"commit.{STEP}")
     stopped(pid)
-    at_stop = mid_fanout(d, first, PER_RUN)
+    at_stop = mid_fanout(d, first, PER_RUN, inside_a_message=True)
     try:
         down = engine_script(f"{engine}-down.sh")
         d.send(tag)  # accepted by PostgreSQL while the engine is away
