@@ -138,27 +138,31 @@ def running_cluster(postgres: str, kafka: str, cassandra: str, logs: Path, **set
         c.close()
 
 
-def create_namespace(engines: Mapping[str, str], partitions: int = 4, *, schema: bool = False) -> dict[str, str]:
+def create_namespace(
+    engines: Mapping[str, str], partitions: int = 4, *, schema: bool = False, views: str | None = None
+) -> dict[str, str]:
     """FANOUT_EVENT_STORE, FANOUT_LOG, FANOUT_VIEWS naming a new PostgreSQL database, Kafka
     topic and Cassandra keyspace on the shared engines (the topic is created by the relay);
-    `schema`: the keyspace and its tables created now (what the first replica would do)."""
+    `views`: an existing keyspace's URL instead of a new one (a pool's, tests/engines.py
+    `Keyspaces`); `schema`: the keyspace's tables created now (what the first replica would do)."""
     from tests.engines import unique
 
     ns = Namespace(engines, partitions, name=unique("t"))
     ns.create()
+    urls = {**ns.urls, **({"FANOUT_VIEWS": views} if views is not None else {})}
     if schema:
         try:
-            open_cassandra_views(cassandra_settings(ns.urls["FANOUT_VIEWS"]), partitions=partitions).close()
+            open_cassandra_views(cassandra_settings(urls["FANOUT_VIEWS"]), partitions=partitions).close()
         except BaseException:
-            drop_namespace(ns.urls)
+            drop_namespace(urls, keyspace=views is None)
             raise
-    return ns.urls
+    return urls
 
 
-def drop_namespace(urls: Mapping[str, str]) -> None:
-    """Drop what `create_namespace` created (the topics stay: Kafka deletes nothing here);
-    RuntimeError naming what could not be dropped."""
-    failed = Namespace.of(urls, keyspace_timeout=60).drop(topics=False)
+def drop_namespace(urls: Mapping[str, str], *, keyspace: bool = True) -> None:
+    """Drop what `create_namespace` created (the topics stay: Kafka deletes nothing here; the
+    keyspace too unless not `keyspace`); RuntimeError naming what could not be dropped."""
+    failed = Namespace.of(urls, keyspace_timeout=60).drop(topics=False, keyspace=keyspace)
     if failed:
         raise RuntimeError(f"could not drop {'; '.join(failed)}")
 
@@ -184,11 +188,9 @@ class NamespacePool:
     queued by `prefetch()`, which a caller makes once its deployment is up. `expected` bounds
     it: no namespace is prepared beyond the number the suite will take."""
 
-    def __init__(
-        self, engines: Mapping[str, str], expected: int, partitions: int = 4, keyspaces: Keyspaces | None = None
-    ) -> None:
+    def __init__(self, engines: Mapping[str, str], expected: int, keyspaces: Keyspaces, partitions: int = 4) -> None:
         """`keyspaces`: the session's pool of emptied keyspaces (tests/engines.py), which the
-        deployments then take and give back instead of creating and dropping their own."""
+        deployments take and give back instead of creating and dropping their own."""
         self.engines = dict(engines)
         self.partitions = partitions
         self.remaining = expected
@@ -199,21 +201,13 @@ class NamespacePool:
         self._dropping: list[Future[None]] = []
 
     def _create(self) -> dict[str, str]:
-        if self.keyspaces is None:
-            return create_namespace(self.engines, self.partitions, schema=True)
-        urls = create_namespace(self.engines, self.partitions)
-        urls["FANOUT_VIEWS"] = self.keyspaces.take()
-        open_cassandra_views(cassandra_settings(urls["FANOUT_VIEWS"]), partitions=self.partitions).close()
-        return urls
+        return create_namespace(self.engines, self.partitions, schema=True, views=self.keyspaces.take())
 
     def _drop(self, urls: Mapping[str, str]) -> None:
-        if self.keyspaces is None:
-            return drop_namespace(urls)
-        failed = Namespace.of(urls).drop(topics=False, keyspace=False)
-        self.keyspaces.give_back(urls["FANOUT_VIEWS"])
-        if failed:
-            raise RuntimeError(f"could not drop {'; '.join(failed)}")
-        return None
+        try:
+            drop_namespace(urls, keyspace=False)
+        finally:
+            self.keyspaces.give_back(urls["FANOUT_VIEWS"])
 
     def _prepare(self) -> Future[dict[str, str]]:
         return self._worker.submit(self._create)

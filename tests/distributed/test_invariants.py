@@ -81,9 +81,7 @@ class DistributedHarness:
 
     def settle(self) -> None:
         """Until the views hold everything the log holds (the relay and the worker run apart)."""
-        if not self.rt.wait_until(self.rt.log_position(), SETTLE_TIMEOUT):
-            logs = {n: self.cluster.log_of(n)[-1500:] for n in ("relay", "worker")}
-            raise AssertionError(f"views at {self.rt.position()}, log at {self.rt.log_position()}: {logs}")
+        self.cluster.settle(self.rt, SETTLE_TIMEOUT)
 
     def restart(self) -> None:
         self.rt.close()

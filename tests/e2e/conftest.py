@@ -262,7 +262,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def namespaces(engines: dict[str, str], keyspaces: Keyspaces) -> Iterator[NamespacePool]:
-    pool = NamespacePool(engines, expected=max(1, len(_distributed_modules)), keyspaces=keyspaces)
+    pool = NamespacePool(engines, max(1, len(_distributed_modules)), keyspaces)
     try:
         yield pool
     finally:
